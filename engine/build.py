@@ -1,0 +1,446 @@
+"""Build the patched engine: llama-cpp-python 0.3.36 from PyPI's sdist + engine/patches/*.patch.
+
+Pipeline: download sdist (pip) -> check sha256 -> unpack -> apply patches in order -> build a wheel with
+scikit-build-core -> cache it under ${XDG_CACHE_HOME:-~/.cache}/moeslots/ keyed by (sdist hash, patches hash,
+build flags) -> install into the running interpreter's environment.
+
+A rebuild with nothing changed is a key comparison (no download, no compile). The build directory is kept per
+flag set, so a patch that touches only src/ rebuilds incrementally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+PATCHES_DIR = Path(__file__).resolve().parent / "patches"
+MARKER_NAME = "moeslots-engine.json"
+
+# What the trimmed source drops (see shared/h200-box.md): still builds, since llama.cpp is a subproject whose
+# tests/tools/examples default OFF; only tools/mtmd is needed (and only when LLAVA_BUILD is on).
+TRIM_PATHS = [
+    ".git", ".github", ".devops", "docker", "docs", "tests", "examples", "scripts",
+    "vendor/llama.cpp/.git", "vendor/llama.cpp/.github", "vendor/llama.cpp/.devops",
+    "vendor/llama.cpp/models", "vendor/llama.cpp/docs", "vendor/llama.cpp/media",
+    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests", "vendor/llama.cpp/examples",
+    "vendor/llama.cpp/tools/ui", "vendor/llama.cpp/app", "vendor/llama.cpp/skills",
+    "vendor/llama.cpp/pocs", "vendor/llama.cpp/conversion",
+] + [f"vendor/llama.cpp/ggml/src/ggml-{b}" for b in (
+    "opencl", "sycl", "vulkan", "hexagon", "metal", "et", "webgpu", "openvino", "cann", "virtgpu",
+    "musa", "zdnn", "zendnn", "rpc", "kompute")]
+# Top-level "examples" of llama-cpp-python are python examples (not needed); keep its llama_cpp package.
+KEEP_ALWAYS = {"vendor/llama.cpp/tools/mtmd"}
+EXPORT_STAMP = "MOESLOTS_SOURCE.json"
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message is meant for the user, one or two lines."""
+
+
+class PatchError(BuildError):
+    """A patch of the series does not apply."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# keys and paths
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "moeslots"
+
+
+def patch_files(patches_dir: Path = PATCHES_DIR) -> list[Path]:
+    return sorted(patches_dir.glob("*.patch"))
+
+
+def patches_hash(files: Sequence[Path]) -> str:
+    """Hash of the series: names and contents, in apply order."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _cpu_fingerprint() -> str:
+    """A native (-march=native) build only runs where its CPU flags exist: key it by them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return hashlib.sha256(line.encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()
+
+
+def detect_cuda_arch() -> str | None:
+    """Compute capability of the first GPU as CMake wants it ("90"), or None when no GPU answers."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out and re.fullmatch(r"\d+\.\d+", out[0].strip()):
+        return out[0].strip().replace(".", "")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildFlags:
+    cuda: bool = False
+    cuda_arch: str | None = None     # e.g. "90"; None -> detected at build time, else 90
+    native: bool = True              # -march=native for the CPU backend
+    mtmd: bool = False               # llama-cpp-python's multimodal lib (not used by moeslots)
+    extra: tuple[str, ...] = ()      # extra -D... cmake args
+
+    def resolved(self) -> "BuildFlags":
+        if self.cuda and not self.cuda_arch:
+            return dataclasses.replace(self, cuda_arch=detect_cuda_arch() or "90")
+        return self
+
+    def cmake_args(self, patch_id: str) -> list[str]:
+        f = self.resolved()
+        args = [f"-DGGML_NATIVE={'ON' if f.native else 'OFF'}", f"-DLLAVA_BUILD={'ON' if f.mtmd else 'OFF'}",
+                f"-DMOESLOTS_PATCH_ID={patch_id}"]
+        if f.cuda:
+            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={f.cuda_arch}-real"]
+        args += list(f.extra)
+        return args
+
+    def describe(self) -> str:
+        f = self.resolved()
+        s = f"CUDA sm_{f.cuda_arch}" if f.cuda else "CPU"
+        return s + (" native" if f.native else "")
+
+
+def build_key(sdist_sha256: str, patch_id: str, flags: BuildFlags) -> str:
+    f = flags.resolved()
+    material = {
+        "sdist": sdist_sha256, "patches": patch_id, "cmake": f.cmake_args(patch_id),
+        "cpu": _cpu_fingerprint() if f.native else "generic", "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# steps
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist(cache: Path, log: Callable[[str], None] = print) -> Path:
+    """The verified sdist, from the cache or downloaded with pip."""
+    dest = cache / "sdist" / SDIST_NAME
+    if dest.exists() and sha256_file(dest) == SDIST_SHA256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist from PyPI")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+               "--no-deps", "--no-binary", "llama-cpp-python", "--no-build-isolation", "-d", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / SDIST_NAME
+        if r.returncode != 0 or not got.exists():
+            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
+            raise BuildError(f"could not download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
+                             f"(no internet? use --from-source DIR):\n{tail}")
+        digest = sha256_file(got)
+        if digest != SDIST_SHA256:
+            raise BuildError(f"sdist sha256 mismatch: got {digest}, expected {SDIST_SHA256}")
+        os.replace(got, dest)
+    return dest
+
+
+def unpack_sdist(sdist: Path, dest_parent: Path) -> Path:
+    with tarfile.open(sdist) as tf:
+        tf.extractall(dest_parent, filter="data")
+    return dest_parent / SDIST_NAME.removesuffix(".tar.gz")
+
+
+_HUNK_FAIL = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
+_CHECKING = re.compile(r"^(?:checking|patching) file (.+)$")
+
+
+def apply_patches(tree: Path, patches: Iterable[Path]) -> None:
+    """Apply each patch (-p1) in order; dry-run first, so a failing patch leaves no half-applied files."""
+    tool = shutil.which("patch")
+    if tool is None:
+        raise BuildError("the `patch` program is missing (apt install patch)")
+    for p in patches:
+        base = [tool, "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(tree), "-i", str(p)]
+        dry = subprocess.run(base + ["--dry-run"], capture_output=True, text=True)
+        if dry.returncode != 0:
+            raise PatchError(f"patch {p.name} does not apply: {_explain_patch_failure(dry.stdout + dry.stderr)}")
+        real = subprocess.run(base, capture_output=True, text=True)
+        if real.returncode != 0:
+            raise PatchError(f"patch {p.name} failed: {_explain_patch_failure(real.stdout + real.stderr)}")
+
+
+def _explain_patch_failure(out: str) -> str:
+    current = "?"
+    problems = []
+    for line in out.splitlines():
+        m = _CHECKING.match(line.strip())
+        if m:
+            current = m.group(1)
+            continue
+        h = _HUNK_FAIL.search(line)
+        if h:
+            problems.append(f"hunk #{h.group(1)} of {current} (at line {h.group(2)})")
+        elif "can't find file" in line or "No such file" in line:
+            problems.append(f"missing file ({line.strip()})")
+        elif "Reversed (or previously applied)" in line:
+            problems.append(f"{current} already patched")
+        elif "malformed patch" in line or "Only garbage" in line:
+            problems.append(line.strip())
+    if problems:
+        return "; ".join(dict.fromkeys(problems))
+    lines = out.strip().splitlines()
+    return lines[-1] if lines else "unknown error"
+
+
+def trim_tree(tree: Path) -> None:
+    for rel in TRIM_PATHS:
+        if rel in KEEP_ALWAYS:
+            continue
+        p = tree / rel
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make dst a copy of src, rewriting only files whose bytes differ (so their mtimes, and with them the
+    incremental build, survive). Returns the number of files written or removed."""
+    changed = 0
+    seen: set[Path] = set()
+    for f in src.rglob("*"):
+        rel = f.relative_to(src)
+        seen.add(rel)
+        out = dst / rel
+        if f.is_symlink():
+            target = os.readlink(f)
+            if not (out.is_symlink() and os.readlink(out) == target):
+                if out.exists() or out.is_symlink():
+                    shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
+                out.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(target, out)
+                changed += 1
+        elif f.is_dir():
+            out.mkdir(parents=True, exist_ok=True)
+        else:
+            if out.is_file() and not out.is_symlink() and out.stat().st_size == f.stat().st_size \
+                    and out.read_bytes() == f.read_bytes():
+                continue
+            if out.is_dir() and not out.is_symlink():
+                shutil.rmtree(out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out)      # new mtime: ninja must see the change
+            shutil.copymode(f, out)
+            changed += 1
+    for f in sorted(dst.rglob("*"), reverse=True):
+        if f.relative_to(dst) not in seen:
+            if f.is_dir() and not f.is_symlink():
+                shutil.rmtree(f, ignore_errors=True)
+            elif f.exists() or f.is_symlink():
+                f.unlink()
+            changed += 1
+    return changed
+
+
+def tree_size(tree: Path) -> int:
+    return sum(f.stat().st_size for f in tree.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def check_toolchain(flags: BuildFlags) -> None:
+    missing = []
+    if not shutil.which("cmake"):
+        missing.append("cmake (pip install cmake, or your package manager)")
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        missing.append("a C++ compiler (apt install build-essential)")
+    if flags.cuda and not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()):
+        missing.append("nvcc (the CUDA toolkit) for --cuda")
+    try:
+        import scikit_build_core  # noqa: F401
+    except ImportError:
+        missing.append(f"scikit-build-core in {sys.executable} (pip install scikit-build-core)")
+    if missing:
+        raise BuildError("cannot build the engine, missing: " + "; ".join(missing))
+
+
+_NINJA = re.compile(r"\[(\d+)/(\d+)\]")
+
+
+def build_wheel(tree: Path, flags: BuildFlags, patch_id: str, build_dir: Path, wheel_dir: Path, log_path: Path,
+                progress: Callable[[int, int, str], None] | None = None) -> Path:
+    check_toolchain(flags)
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = " ".join(flags.cmake_args(patch_id))
+    if flags.cuda and not shutil.which("nvcc") and Path("/usr/local/cuda/bin/nvcc").exists():
+        env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
+        env.setdefault("CUDACXX", "/usr/local/cuda/bin/nvcc")
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", str(tree), "--no-deps", "--no-build-isolation",
+           "--no-index", "-w", str(wheel_dir), "-C", f"build-dir={build_dir}"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: list[str] = []
+    with open(log_path, "w") as logf:
+        logf.write("CMAKE_ARGS=" + env["CMAKE_ARGS"] + "\n" + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            tail.append(line.rstrip())
+            del tail[:-40]
+            m = _NINJA.search(line)
+            if m and progress:
+                progress(int(m.group(1)), int(m.group(2)), line.strip()[-80:])
+        rc = proc.wait()
+    if rc != 0:
+        raise BuildError(f"engine build failed (exit {rc}); last lines:\n" + "\n".join(tail[-15:]) +
+                         f"\nfull log: {log_path}")
+    wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"), key=lambda p: p.stat().st_mtime)
+    if not wheels:
+        raise BuildError(f"the build finished but wrote no wheel into {wheel_dir}; log: {log_path}")
+    return wheels[-1]
+
+
+def marker_path() -> Path:
+    return Path(sys.prefix) / MARKER_NAME
+
+
+def installed_key() -> str | None:
+    try:
+        return json.loads(marker_path().read_text()).get("key")
+    except (OSError, ValueError):
+        return None
+
+
+def install_wheel(wheel: Path, key: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index", str(wheel)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BuildError("installing the engine wheel failed:\n" + (r.stdout + r.stderr).strip()[-2000:])
+    missing = [m for m in ("numpy", "diskcache", "jinja2", "typing_extensions") if not _importable(m)]
+    if missing:
+        raise BuildError(f"engine installed, but its dependencies are missing: {', '.join(missing)} "
+                         f"(pip install {' '.join(missing)})")
+    marker_path().write_text(json.dumps({"key": key, "wheel": str(wheel), "time": time.time()}))
+
+
+def _importable(mod: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# orchestration
+
+
+@dataclasses.dataclass
+class BuildResult:
+    key: str
+    wheel: Path
+    action: str            # "up-to-date" | "installed-cached" | "built"
+    seconds: float
+
+
+def prepare_source(dest: Path, cache: Path, patches: Sequence[Path], *, trim: bool,
+                   log: Callable[[str], None] = print) -> Path:
+    """Unpack the verified sdist into dest (replaced) and apply the series; returns the source root."""
+    sdist = fetch_sdist(cache, log)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        root = unpack_sdist(sdist, Path(tmp))
+        apply_patches(root, patches)
+        if trim:
+            trim_tree(root)
+        (root / EXPORT_STAMP).write_text(json.dumps({
+            "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "sdist_sha256": SDIST_SHA256,
+            "patches": [p.name for p in patches], "patch_id": patches_hash(patches)}, indent=1))
+        os.replace(root, dest)
+    return dest
+
+
+def ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path | None = None,
+                  cache: Path | None = None, patches_dir: Path = PATCHES_DIR,
+                  log: Callable[[str], None] = print,
+                  progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
+    t0 = time.perf_counter()
+    cache = cache or cache_root()
+    cache.mkdir(parents=True, exist_ok=True)
+    patches = patch_files(patches_dir)
+    patch_id = patches_hash(patches)
+    if from_source is not None:
+        stamp = from_source / EXPORT_STAMP
+        if not stamp.exists():
+            raise BuildError(f"{from_source} is not a tree written by `moeslots engine build --export-source`")
+        info = json.loads(stamp.read_text())
+        if info.get("patch_id") != patch_id:
+            raise BuildError(f"{from_source} holds patches {info.get('patch_id')}, this checkout has {patch_id}: "
+                             "export it again")
+    key = build_key(SDIST_SHA256, patch_id, flags)
+    wheel_dir = cache / "wheels" / key
+    cached = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
+    if not force and installed_key() == key and cached and _importable("llama_cpp"):
+        return BuildResult(key, cached[-1], "up-to-date", time.perf_counter() - t0)
+    if cached and not force:
+        log(f"installing cached engine wheel {key}")
+        install_wheel(cached[-1], key)
+        return BuildResult(key, cached[-1], "installed-cached", time.perf_counter() - t0)
+    build_dir = cache / "build" / hashlib.sha256(" ".join(flags.cmake_args("x")).encode()).hexdigest()[:12]
+    tree = cache / "source"   # a stable path: CMake's build dir remembers its source dir
+    if from_source is not None:
+        changed = sync_tree(from_source, tree)
+    else:
+        log(f"preparing patched source ({len(patches)} patches, id {patch_id})")
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            fresh = prepare_source(Path(tmp) / "src", cache, patches, trim=False, log=log)
+            changed = sync_tree(fresh, tree)
+    log(f"building engine wheel ({flags.describe()}, {changed} source files changed); log: {cache / 'build.log'}")
+    if wheel_dir.exists():
+        shutil.rmtree(wheel_dir)
+    wheel = build_wheel(tree, flags, patch_id, build_dir, wheel_dir, cache / "build.log", progress)
+    install_wheel(wheel, key)
+    return BuildResult(key, wheel, "built", time.perf_counter() - t0)
+
+
+def export_source(dest: Path, *, cache: Path | None = None, patches_dir: Path = PATCHES_DIR,
+                  log: Callable[[str], None] = print) -> tuple[Path, int]:
+    """Write the patched, trimmed source tree to dest; returns (dest, bytes)."""
+    cache = cache or cache_root()
+    root = prepare_source(dest, cache, patch_files(patches_dir), trim=True, log=log)
+    return root, tree_size(root)

@@ -1,0 +1,252 @@
+"""Low-level model/context wrappers over llama-cpp-python's C API (the high-level `Llama` class cannot pass
+tensor_buft_overrides, cb_eval or MTP contexts). Validation first: bad files give one clear ModelError."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from moeslots.engine import native
+from moeslots.engine.errors import EngineError, ModelError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What the GGUF header says, read before the engine touches the file."""
+    path: Path
+    arch: str
+    n_layer: int           # trunk layers (block_count minus NextN blocks)
+    n_nextn: int
+    n_expert: int
+    n_expert_used: int
+    n_dense_lead: int
+    name: str
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.n_layer + self.n_nextn) if i >= self.n_dense_lead]
+
+
+def inspect_gguf(path: Path) -> ModelFacts:
+    """Check that path is a readable MoE GGUF; raise ModelError with a one-line reason otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"not a file: {path}")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        import gguf
+
+        r = gguf.GGUFReader(str(path))
+
+        def get(key: str, default: Any = None) -> Any:
+            f = r.get_field(key)
+            if f is None:
+                return default
+            v = f.contents()
+            return v
+
+        arch = str(get("general.architecture", ""))
+        n_block = int(get(f"{arch}.block_count", 0))
+        n_expert = int(get(f"{arch}.expert_count", 0) or 0)
+        n_used = int(get(f"{arch}.expert_used_count", 0) or 0)
+        n_nextn = int(get(f"{arch}.nextn_predict_layers", 0) or 0)
+        n_dense = int(get(f"{arch}.leading_dense_block_count", 0) or 0)
+        name = str(get("general.name", path.stem))
+    except Exception as e:  # noqa: BLE001 - any parse failure of a damaged file is the same user error
+        raise ModelError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
+    if not arch:
+        raise ModelError(f"{path} has no general.architecture: not a model GGUF")
+    if n_expert <= 0 or n_used <= 0:
+        raise ModelError(f"{path} is a dense model (arch {arch}, no experts): moeslots needs a "
+                         "Mixture-of-Experts GGUF")
+    return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name)
+
+
+@dataclasses.dataclass
+class LoadOptions:
+    n_gpu_layers: int = -1              # -1: all layers on the GPU when one exists (no effect on CPU builds)
+    experts_on_host: bool = True        # override expert tensors into host memory (`-ot exps=CPU`)
+    use_mmap: bool = True
+    load_mtp: bool = False
+
+
+class Model:
+    """A loaded llama_model (plus its vocab). Close it, or use it as a context manager."""
+
+    def __init__(self, path: Path, opts: LoadOptions | None = None):
+        self.facts = inspect_gguf(path)
+        self.opts = opts or LoadOptions()
+        L = native.llama()
+        self._L = L
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 999 if self.opts.n_gpu_layers < 0 else self.opts.n_gpu_layers
+        mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if self.opts.use_mmap else L.LLAMA_LOAD_MODE_NONE
+        mp.load_mtp = bool(self.opts.load_mtp and self.facts.n_nextn > 0)
+        self._overrides = native.experts_on_host_overrides() if self.opts.experts_on_host else None
+        if self._overrides is not None:
+            mp.tensor_buft_overrides = self._overrides.pointer
+        self.ptr = L.llama_model_load_from_file(str(self.facts.path).encode(), mp)
+        if not self.ptr:
+            why = native.recent_log(8).strip().splitlines()
+            raise ModelError(f"the engine could not load {self.facts.path}: "
+                             f"{why[-1] if why else 'unknown reason'}")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = L.llama_model_n_embd(self.ptr)
+        self.mtp_loaded = bool(mp.load_mtp)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self._L.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- text ----------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        L = self._L
+        raw = text.encode("utf-8")
+        n_max = len(raw) + 16
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)
+        if n < 0:
+            buf = (L.llama_token * (-n))()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, -n, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        L = self._L
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self.vocab, token))
+
+
+class Detokenizer:
+    """Token pieces -> text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.piece(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def default_threads() -> int:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, n)
+
+
+EvalCallback = Callable[[int, bool, Any], bool]
+
+
+class Context:
+    """A llama_context with a greedy-decoding helper. One sequence (seq 0)."""
+
+    def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int | None = None,
+                 threads: int | None = None, cb_eval: Any = None, embeddings_all: bool = False):
+        L = model._L
+        self.model, self._L = model, L
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_ubatch or n_batch
+        cp.n_threads = cp.n_threads_batch = threads or default_threads()
+        cp.no_perf = True
+        if cb_eval is not None:
+            self._cb = cb_eval          # keep the CFUNCTYPE alive as long as the context
+            cp.cb_eval = cb_eval
+            cp.cb_eval_user_data = None
+        self.n_ctx, self.n_batch = n_ctx, n_batch
+        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            why = native.recent_log(6).strip().splitlines()
+            raise EngineError(f"could not create a context (n_ctx {n_ctx}): {why[-1] if why else 'unknown'}")
+        self.n_past = 0
+        self._batch = L.llama_batch_init(n_batch, 0, 1)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self._L.llama_batch_free(self._batch)
+            self._L.llama_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def reset(self) -> None:
+        mem = self._L.llama_get_memory(self.ptr)
+        self._L.llama_memory_clear(mem, True)
+        self.n_past = 0
+
+    def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> None:
+        """Append tokens to seq 0 in n_batch chunks; logits for the last token (or for every token)."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise EngineError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
+        L, b = self._L, self._batch
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            last_chunk = s + self.n_batch >= len(tokens)
+            b.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = self.n_past + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 1 if all_logits or (last_chunk and i == len(chunk) - 1) else 0
+            rc = L.llama_decode(self.ptr, b)
+            if rc != 0:
+                raise EngineError(f"llama_decode failed with code {rc}")
+            self.n_past += len(chunk)
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        p = self._L.llama_get_logits_ith(self.ptr, i)
+        return np.ctypeslib.as_array(p, shape=(self.model.n_vocab,))
+
+    def argmax(self, i: int = -1) -> int:
+        return int(np.argmax(self.logits(i)))

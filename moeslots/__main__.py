@@ -1,0 +1,3 @@
+from moeslots.cli import main
+
+raise SystemExit(main())

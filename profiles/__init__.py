@@ -1,0 +1,1 @@
+"""Routing traces, profiles, slot plans and the policy simulator (pure Python + numpy)."""

@@ -1,0 +1,86 @@
+"""CLI behaviour: doctor says patched; bad input is one line on stderr (no traceback); generate streams text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "moeslots", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_doctor_reports_patched() -> None:
+    r = run("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip() and "  " in line)
+    assert r.stdout.splitlines()[0].startswith("engine ") and "llama-cpp-python 0.3.36" in r.stdout
+    assert "patched          yes (moeslots 1 (patches " in r.stdout
+    assert "cpu threads" in r.stdout
+    del lines
+
+
+def test_native_struct_matches_ggml() -> None:
+    import ctypes
+
+    from moeslots.engine import native
+
+    L = native.lib()
+    L.ggml_tensor_overhead.restype = ctypes.c_size_t
+    assert ctypes.sizeof(native.ggml_tensor) == 336
+    assert L.ggml_tensor_overhead() == ctypes.sizeof(native.ggml_tensor) + 32
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("moeslots: error: ")
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+def test_missing_model(tmp_path: Path) -> None:
+    _one_line_error(run("generate", str(tmp_path / "nope.gguf")), "not found", "nope.gguf")
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    p = tmp_path / "notes.txt"
+    p.write_text("hello, I am not a model\n")
+    _one_line_error(run("generate", str(p)), "not a GGUF")
+
+
+def test_truncated_gguf(tmp_path: Path, tiny_glm: Path) -> None:
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(tiny_glm.read_bytes()[:3000])
+    _one_line_error(run("generate", str(p)), "cut.gguf")
+
+
+def test_dense_model_is_refused(dense_gguf: Path) -> None:
+    _one_line_error(run("generate", str(dense_gguf)), "dense model", "Mixture-of-Experts")
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    _one_line_error(run("generate", str(tmp_path)), "not a file")
+
+
+def test_generate_streams_greedy_text(tiny_qwen: Path) -> None:
+    a = run("generate", str(tiny_qwen), "-p", "hello", "-n", "16", "--threads", "2")
+    b = run("generate", str(tiny_qwen), "-p", "hello", "-n", "16", "--threads", "2")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.strip()
+    assert "tok/s" in a.stderr
+
+
+@pytest.mark.slow
+def test_synth_cli_prints_routing_check(tmp_path: Path) -> None:
+    out = tmp_path / "s.gguf"
+    r = run("synth", "-o", str(out), "--arch", "qwen3moe", "--layers", "2", "--n-embd", "128", "--experts", "32",
+            "--expert-ff", "64", "--vocab", "300", "--check-tokens", "128", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert "routing check over 128 random tokens" in r.stdout and "non-degenerate" in r.stdout
+    assert out.exists()

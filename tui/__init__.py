@@ -1,0 +1,1 @@
+"""The Textual app: draws engine snapshots only."""
