@@ -82,7 +82,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     from moeslots.engine import synth
 
     spec = synth.SynthSpec(
-        arch=a.arch, n_layer=a.layers, n_embd=a.n_embd, n_head=a.heads, n_head_kv=a.kv_heads,
+        arch=a.arch, n_layer=a.layers, n_embd=a.n_embd, n_head=a.heads, n_head_kv=a.kv_heads, head_dim=a.head_dim,
         n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.expert_ff, n_ff=a.ff, n_vocab=a.vocab,
         nextn=not a.no_nextn if a.arch == "glm4moe" else False, const_head=a.const_head, dtype=a.dtype,
         seed=a.seed, n_ctx=a.ctx,
@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n-embd", type=int, default=256)
     s.add_argument("--heads", type=int, default=4)
     s.add_argument("--kv-heads", type=int, default=2)
+    s.add_argument("--head-dim", type=int, default=None, help="default: n_embd / heads")
     s.add_argument("--experts", type=int, default=32)
     s.add_argument("--experts-used", type=int, default=4)
     s.add_argument("--expert-ff", type=int, default=256)
