@@ -122,7 +122,12 @@ class BuildFlags:
     def cmake_args(self, patch_id: str) -> list[str]:
         f = self.resolved()
         args = [f"-DGGML_NATIVE={'ON' if f.native else 'OFF'}", f"-DLLAVA_BUILD={'ON' if f.mtmd else 'OFF'}",
-                f"-DMOESLOTS_PATCH_ID={patch_id}"]
+                f"-DMOESLOTS_PATCH_ID={patch_id}",
+                # A toolchain that links libstdc++ statically (the H200 box's /opt/gcc does) leaves a full copy
+                # of it, exported, in every .so: libllama then binds std:: symbols to libggml-cuda's copy or its
+                # own depending on import order, and crashed in llama_model::print_info when numpy/gguf were
+                # imported first. Keep each library's static archives private.
+                "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL"]
         if f.cuda:
             args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={f.cuda_arch}-real"]
         args += list(f.extra)
@@ -421,7 +426,11 @@ def ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path |
         log(f"installing cached engine wheel {key}")
         install_wheel(cached[-1], key)
         return BuildResult(key, cached[-1], "installed-cached", time.perf_counter() - t0)
-    build_dir = cache / "build" / hashlib.sha256(" ".join(flags.cmake_args("x")).encode()).hexdigest()[:12]
+    # one build dir per backend: CMake reconfigures in place when other flags change, so only what they touch
+    # rebuilds (MOESLOTS_BUILD_DIR overrides, e.g. for a CI cache)
+    f = flags.resolved()
+    build_dir = Path(os.environ.get("MOESLOTS_BUILD_DIR") or
+                     cache / "build" / (f"cuda{f.cuda_arch}" if f.cuda else "cpu"))
     tree = cache / "source"   # a stable path: CMake's build dir remembers its source dir
     if from_source is not None:
         changed = sync_tree(from_source, tree)
