@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -402,10 +402,8 @@ def _stream_write(spec: SynthSpec, out: Path, *, direct_q4k: bool, name: str,
         done = 0
         for tp, enc in zip(plan, encs):
             if enc == "q4_k":
-                rows = tp.n // tp.ne[0]
                 blocks = q4_k_random_blocks(_rng(spec, tp.name), tp.n // QK_K, tp.std)
                 data = blocks.reshape(tuple(reversed(tp.ne[1:])) + (tp.ne[0] // QK_K * Q4_K_BLOCK_BYTES,))
-                del rows
             else:
                 data = tensor_values(spec, tp)
                 if enc == "f16":
@@ -521,8 +519,3 @@ def default_demo_model() -> Path:
     if not path.exists():
         write_model(DEMO_SPEC, path, name="moeslots synthetic demo")
     return path
-
-
-def iter_moe_layer_names(spec: SynthSpec) -> Iterator[str]:
-    for i in spec.moe_layers():
-        yield f"blk.{i}"

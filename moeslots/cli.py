@@ -4,7 +4,6 @@ before the engine exists, and every user error is one line on stderr with exit c
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -151,7 +150,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """Until the TUI lands: write the default synthetic model on first use and stream greedy text from it."""
-    from moeslots.engine import generate, native, synth
+    from moeslots.engine import native, synth
 
     native.require_patched()
     path = synth.default_demo_model()
@@ -159,7 +158,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
                             experts_on_gpu=False, gpu_layers=-1, quiet=False)
     print(f"[moeslots demo: greedy text from the synthetic model {path}; the chat app arrives with the TUI]",
           file=sys.stderr)
-    del generate
     return cmd_generate(ns)
 
 
@@ -231,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from moeslots.engine.build import BuildError
+    from moeslots.engine.errors import EngineError
+
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.cmd is None:
@@ -243,13 +244,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         _err(str(e))
         return 2
-    except Exception as e:  # noqa: BLE001 - known error families become one line; others are real bugs
-        from moeslots.engine.errors import EngineError
-        from moeslots.engine.build import BuildError
-
-        if isinstance(e, (EngineError, BuildError)):
-            _err(str(e))
-            return 2
-        if os.environ.get("MOESLOTS_DEBUG"):
-            raise
-        raise
+    except (EngineError, BuildError) as e:
+        _err(str(e))
+        return 2

@@ -84,3 +84,17 @@ def test_synth_cli_prints_routing_check(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "routing check over 128 random tokens" in r.stdout and "non-degenerate" in r.stdout
     assert out.exists()
+
+
+def test_stock_or_stale_engine_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moeslots.engine import native
+    from moeslots.engine.errors import NotPatchedError
+
+    assert native.require_patched().startswith("moeslots ")
+    monkeypatch.setattr(native, "patch_version", lambda: None)
+    with pytest.raises(NotPatchedError, match="not the moeslots-patched engine"):
+        native.require_patched()
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "expected_patch_id", lambda: "0123456789abcdef")
+    with pytest.raises(NotPatchedError, match="rebuild with `moeslots engine build`"):
+        native.require_patched()
