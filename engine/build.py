@@ -400,7 +400,25 @@ def prepare_source(dest: Path, cache: Path, patches: Sequence[Path], *, trim: bo
     return dest
 
 
-def ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path | None = None,
+def ensure_engine(flags: BuildFlags, **kw: object) -> BuildResult:
+    """Build/install the engine; one build at a time per cache (two builds sharing a build dir corrupt it:
+    seen when a test started a build while another ran)."""
+    import fcntl
+
+    cache = kw.get("cache") or cache_root()
+    assert isinstance(cache, Path)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log = kw.get("log") or print
+            log("another engine build is running; waiting for it")  # type: ignore[operator]
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_engine(flags, **kw)  # type: ignore[arg-type]
+
+
+def _ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path | None = None,
                   cache: Path | None = None, patches_dir: Path = PATCHES_DIR,
                   log: Callable[[str], None] = print,
                   progress: Callable[[int, int, str], None] | None = None) -> BuildResult:

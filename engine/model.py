@@ -8,12 +8,15 @@ import ctypes
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from moeslots.engine import native
 from moeslots.engine.errors import EngineError, ModelError
+
+if TYPE_CHECKING:
+    from moeslots.engine.cache import SlotPlan
 
 GGUF_MAGIC = b"GGUF"
 
@@ -84,6 +87,9 @@ class LoadOptions:
     experts_on_host: bool = True        # override expert tensors into host memory (`-ot exps=CPU`)
     use_mmap: bool = True
     load_mtp: bool = False
+    # CPU "extra" buffer types (CPU_REPACK for Q4_K/Q4_0 ...): repacked experts cannot be read back into a hot
+    # pack, so a model that gets slots on a CPU-only build is loaded without them
+    extra_bufts: bool = True
 
 
 class Model:
@@ -98,6 +104,7 @@ class Model:
         mp.n_gpu_layers = 999 if self.opts.n_gpu_layers < 0 else self.opts.n_gpu_layers
         mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if self.opts.use_mmap else L.LLAMA_LOAD_MODE_NONE
         mp.load_mtp = bool(self.opts.load_mtp and self.facts.n_nextn > 0)
+        mp.use_extra_bufts = self.opts.extra_bufts
         self._overrides = native.experts_on_host_overrides() if self.opts.experts_on_host else None
         if self._overrides is not None:
             mp.tensor_buft_overrides = self._overrides.pointer
@@ -110,9 +117,28 @@ class Model:
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.mtp_loaded = bool(mp.load_mtp)
+        self.n_layer_all = self.facts.n_layer + self.facts.n_nextn
+        self.cache_line = "expert cache: off"
+
+    def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0) -> str:
+        """Configure the static expert cache (between generations); returns the engine's load line.
+        Contexts keep working: their graphs are rebuilt on the next decode."""
+        from moeslots.engine import cache
+
+        try:
+            self.cache_line = cache.configure(self.ptr, self.n_layer_all, plan, pack_host=pack_host,
+                                              max_bytes=max_bytes)
+        except cache.CacheError:
+            self.cache_line = "expert cache: off"
+            raise
+        return self.cache_line
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
+            if native.hasattr_symbol(self._L._lib, "llama_moeslots_cache_clear"):
+                from moeslots.engine import cache
+
+                cache.clear(self.ptr)   # the pack is keyed by this model's tensors: never outlive it
             self._L.llama_model_free(self.ptr)
             self.ptr = None
 

@@ -1,0 +1,98 @@
+"""The static expert cache from Python: slot plans and the patched engine's configure/clear calls.
+
+A plan names, per MoE layer, the experts that live in VRAM ("slots"). The engine copies them once into a hot
+pack on the layer's GPU; every other pick is computed where the experts live (host memory). Plans come from
+profiles (moeslots.profiles) or, for tests and benchmarks, from the helpers below.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Mapping, Sequence
+
+from moeslots.engine import native
+from moeslots.engine.errors import EngineError
+
+ERR_INPUT, ERR_NO_MEMORY, ERR_UNSUPPORTED = -1, -2, -3
+PACK_HOST = 1
+
+
+class CacheError(EngineError):
+    """The expert cache could not be configured (bad plan, does not fit, unsupported layer)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotPlan:
+    """layer -> resident expert ids, in slot order. Layers not named hold no slots."""
+
+    layers: Mapping[int, tuple[int, ...]]
+
+    @property
+    def total_slots(self) -> int:
+        return sum(len(v) for v in self.layers.values())
+
+    def slots_of(self, il: int) -> tuple[int, ...]:
+        return tuple(self.layers.get(il, ()))
+
+    @classmethod
+    def uniform(cls, moe_layers: Sequence[int], n_slots: int, n_expert: int, *, offset: int = 0) -> "SlotPlan":
+        """The same n_slots per layer: experts offset, offset+1, ... (mod n_expert). For tests and benchmarks."""
+        if not 0 <= n_slots <= n_expert:
+            raise CacheError(f"{n_slots} slots per layer: the model has {n_expert} experts", ERR_INPUT)
+        return cls({il: tuple((offset + j) % n_expert for j in range(n_slots)) for il in moe_layers})
+
+
+def _bind() -> object:
+    L = native.lib()
+    if not native.hasattr_symbol(L, "llama_moeslots_cache_configure"):
+        raise EngineError("the installed engine lacks the expert cache patch: rebuild with `moeslots engine build`")
+    f = L.llama_moeslots_cache_configure
+    if f.argtypes is None:   # (restype defaults to c_int, which *is* c_int32: test the argtypes)
+        f.restype = ctypes.c_int32
+        f.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32,
+                      ctypes.c_int32, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+        L.llama_moeslots_cache_clear.restype = None
+        L.llama_moeslots_cache_clear.argtypes = [ctypes.c_void_p]
+        L.llama_moeslots_cache_bytes.restype = ctypes.c_uint64
+        L.llama_moeslots_cache_bytes.argtypes = [ctypes.c_void_p]
+        L.llama_moeslots_cache_max_tokens.restype = ctypes.c_int32
+        L.llama_moeslots_cache_max_tokens.argtypes = []
+    return L
+
+
+def configure(model_ptr: int, n_layer_all: int, plan: SlotPlan, *, pack_host: bool = False,
+              max_bytes: int = 0) -> str:
+    """Replace the model's cache with plan; returns the engine's load line. On error the cache is empty
+    (the old pack is freed first) and CacheError carries the engine's message."""
+    L = _bind()
+    bad = [il for il in plan.layers if not 0 <= il < n_layer_all]
+    if bad:
+        raise CacheError(f"the plan names layer {bad[0]}, the model has layers 0..{n_layer_all - 1}", ERR_INPUT)
+    counts = (ctypes.c_int32 * n_layer_all)(*[len(plan.slots_of(il)) for il in range(n_layer_all)])
+    flat = [e for il in range(n_layer_all) for e in plan.slots_of(il)]
+    ids = (ctypes.c_int32 * max(1, len(flat)))(*flat)
+    msg = ctypes.create_string_buffer(512)
+    rc = L.llama_moeslots_cache_configure(model_ptr, counts, ids, n_layer_all, PACK_HOST if pack_host else 0,
+                                          max_bytes, msg, len(msg))
+    text = msg.value.decode("utf-8", "replace")
+    if rc != 0:
+        raise CacheError(text or f"expert cache error {rc}", rc)
+    return text
+
+
+def clear(model_ptr: int) -> None:
+    _bind().llama_moeslots_cache_clear(model_ptr)
+
+
+def pack_bytes(model_ptr: int) -> int:
+    return int(_bind().llama_moeslots_cache_bytes(model_ptr))
+
+
+def max_tokens() -> int:
+    """Batches of at least this many tokens take the stock path."""
+    return int(_bind().llama_moeslots_cache_max_tokens())

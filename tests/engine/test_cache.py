@@ -1,0 +1,194 @@
+"""The static expert cache on CPU (hot packs in a host buffer, both chains on the CPU): logits must be
+bit-identical to stock llama.cpp at any number of slots, for decode batches 1-8 and across reconfigures;
+bad plans give clear errors and leave the engine usable."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.engine import cache, native, synth
+from moeslots.engine.cache import CacheError, SlotPlan
+from moeslots.engine.model import Context, LoadOptions, Model
+from specs import KQ_GLM, TINY_GLM, TINY_QWEN
+
+PROMPT_LEN = 70                       # >= 32: the stock path (op-offload threshold)
+CHUNKS = [1, 2, 3, 4, 5, 6, 7, 8, 1, 1]
+
+
+def _tokens(n_vocab: int, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, n_vocab - len(synth.CONTROL_TOKENS), n)]
+
+
+def run_script(ctx: Context, seed: int = 0) -> list[np.ndarray]:
+    """Prompt (all rows output), then decode batches of 1..8 tokens; every row's logits, in order."""
+    n_vocab = ctx.model.n_vocab
+    out: list[np.ndarray] = []
+    ctx.reset()
+    prompt = _tokens(n_vocab, PROMPT_LEN, seed)
+    ctx.decode(prompt, all_logits=True)
+    out += [ctx.logits(i).copy() for i in range(len(prompt))]
+    toks = _tokens(n_vocab, sum(CHUNKS), seed + 1)
+    pos = 0
+    for c in CHUNKS:
+        ctx.decode(toks[pos:pos + c], all_logits=True)
+        out += [ctx.logits(i).copy() for i in range(c)]
+        pos += c
+    return out
+
+
+def assert_identical(a: list[np.ndarray], b: list[np.ndarray], what: str) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not np.array_equal(x, y):
+            d = float(np.max(np.abs(x - y)))
+            raise AssertionError(f"{what}: row {i} differs (max |diff| {d:g})")
+
+
+class NodeNames:
+    """cb_eval that records graph node names matching a pattern (to prove which path ran)."""
+
+    def __init__(self, pattern: str):
+        self.pat = re.compile(pattern.encode())
+        self.seen: set[str] = set()
+        self.callback = native.llama().ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, tp: int, ask: bool, _ud: object) -> bool:
+        name = ctypes.string_at(tp + native.TENSOR_NAME_OFFSET)
+        if self.pat.match(name):
+            if ask:
+                return True
+            self.seen.add(name.decode())
+        return not ask
+
+
+def _slot_counts(n_expert: int, k: int) -> list[int]:
+    return sorted({0, 1, k, n_expert // 2, n_expert})
+
+
+@pytest.fixture(scope="module")
+def kq_models(models_dir: Path) -> dict[str, Path]:
+    return {q: synth.write_model(KQ_GLM, models_dir / f"cache-kq-{q}.gguf", quant=q, threads=2).path
+            for q in ("q8_0", "q4_k_m")}
+
+
+def _exactness(path: Path, *, load_mtp: bool = False) -> None:
+    with Model(path, LoadOptions(experts_on_host=True, load_mtp=load_mtp, extra_bufts=False)) as m:
+        facts = m.facts
+        layers = facts.moe_layers if load_mtp else [il for il in facts.moe_layers if il < facts.n_layer]
+        with Context(m, n_ctx=256, threads=2) as ctx:
+            stock = run_script(ctx)
+            for n in _slot_counts(facts.n_expert, facts.n_expert_used):
+                line = m.set_slots(SlotPlan.uniform(layers, n, facts.n_expert, offset=n // 3), pack_host=True)
+                if n:
+                    assert line.startswith(f"expert cache: {len(layers)} layers x {n} slots, ")
+                    assert "uploaded to host memory" in line
+                assert_identical(stock, run_script(ctx), f"{path.name} at {n} slots")
+
+
+def test_exact_glm4moe_f32_with_nextn_slots(tiny_glm: Path) -> None:
+    _exactness(tiny_glm, load_mtp=True)
+
+
+def test_exact_qwen3moe_f16(tiny_qwen: Path) -> None:
+    _exactness(tiny_qwen)
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
+def test_exact_quantized(kq_models: dict[str, Path], quant: str) -> None:
+    _exactness(kq_models[quant])
+
+
+def test_repacked_experts_are_refused_clearly(kq_models: dict[str, Path]) -> None:
+    with Model(kq_models["q4_k_m"]) as m:          # CPU build: Q4_K experts land in CPU_REPACK
+        with pytest.raises(CacheError, match="not in plain host memory"):
+            m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 2, m.facts.n_expert), pack_host=True)
+
+
+def test_small_batches_take_the_cache_path_and_prompts_the_stock_path(tiny_qwen: Path) -> None:
+    with Model(tiny_qwen) as m:
+        m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 4, m.facts.n_expert), pack_host=True)
+        names = NodeNames(r"^ffn_moe_(down_sum|ids_slots|ids_host|topk)-\d+$")
+        with Context(m, n_ctx=256, threads=2, cb_eval=names.callback) as ctx:
+            ctx.decode(_tokens(m.n_vocab, 40, 3))            # prompt >= 32 tokens: stock path ...
+            last = m.facts.n_layer - 1                       # ... except the last layer, which only sees the
+            assert "ffn_moe_topk-0" in names.seen            # output row (inp_out_ids): 1 token, cache path
+            assert {s for s in names.seen if "down_sum" in s} == {f"ffn_moe_down_sum-{last}"}
+            names.seen.clear()
+            ctx.decode(_tokens(m.n_vocab, 3, 4))             # small batch: both chains + one add per layer
+            assert {f"ffn_moe_down_sum-{il}" for il in m.facts.moe_layers} <= names.seen
+            assert {f"ffn_moe_ids_host-{il}" for il in m.facts.moe_layers} <= names.seen
+    assert cache.max_tokens() == 32
+
+
+def test_reconfigure_keeps_the_chat_exact(tiny_qwen: Path) -> None:
+    """0 -> 16 -> 4 -> all slots in the middle of one conversation, without reloading: the continuing
+    decode must match stock token for token (graphs are rebuilt after each change)."""
+    with Model(tiny_qwen) as m:
+        facts = m.facts
+        toks = _tokens(m.n_vocab, 40, 9)
+        with Context(m, n_ctx=256, threads=2) as ctx:
+            ctx.decode(toks[:8], all_logits=True)
+            stock = [ctx.logits(i).copy() for i in range(8)]
+            for t in toks[8:]:
+                ctx.decode([t])
+                stock.append(ctx.logits().copy())
+            ctx.reset()
+            got: list[np.ndarray] = []
+            ctx.decode(toks[:8], all_logits=True)
+            got += [ctx.logits(i).copy() for i in range(8)]
+            schedule = {8: 0, 16: 16, 24: 4, 32: facts.n_expert}
+            for i, t in enumerate(toks[8:], start=8):
+                if i in schedule:
+                    m.set_slots(SlotPlan.uniform(facts.moe_layers, min(schedule[i], facts.n_expert),
+                                                 facts.n_expert, offset=i), pack_host=True)
+                ctx.decode([t])
+                got.append(ctx.logits().copy())
+            assert_identical(stock, got, "reconfigured mid-chat")
+            m.set_slots(SlotPlan({}), pack_host=True)
+            assert cache.pack_bytes(m.ptr) == 0
+
+
+@pytest.mark.parametrize("plan,needle", [
+    ({1: (0, 99)}, "expert id 99 out of range"),
+    ({1: (3, 3)}, "expert 3 listed twice"),
+    ({1: tuple(range(17))}, "17 slots, the model has 16 experts"),
+    ({0: (1,)}, "layer 0: not a MoE layer"),
+    ({7: (1,)}, "the plan names layer 7"),
+])
+def test_bad_plans_are_refused_and_the_engine_stays_usable(tiny_glm: Path, plan: dict, needle: str) -> None:
+    with Model(tiny_glm) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        ctx.decode([5, 6, 7])
+        before = ctx.logits().copy()
+        with pytest.raises(CacheError, match=re.escape(needle)):
+            m.set_slots(SlotPlan(plan), pack_host=True)
+        assert m.cache_line == "expert cache: off"
+        ctx.reset()
+        ctx.decode([5, 6, 7])
+        assert np.array_equal(before, ctx.logits())
+
+
+def test_a_pack_that_does_not_fit_frees_everything(tiny_qwen: Path) -> None:
+    with Model(tiny_qwen) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        plan = SlotPlan.uniform(m.facts.moe_layers, 8, m.facts.n_expert)
+        line = m.set_slots(plan, pack_host=True)
+        assert cache.pack_bytes(m.ptr) > 0 and "8 slots" in line
+        with pytest.raises(CacheError, match=r"does not fit: .* MiB wanted, budget 0\.0 MiB") as ei:
+            m.set_slots(plan, pack_host=True, max_bytes=1000)
+        assert ei.value.code == cache.ERR_NO_MEMORY
+        assert cache.pack_bytes(m.ptr) == 0
+        ctx.decode([1, 2, 3])                      # still usable, now without a cache
+        assert np.isfinite(ctx.logits()).all()
+
+
+def test_no_gpu_means_no_slots_without_host_packs(tiny_qwen: Path) -> None:
+    if native.gpus():
+        pytest.skip("a GPU is present")
+    with Model(tiny_qwen) as m:
+        with pytest.raises(CacheError, match="no GPU to hold slots"):
+            m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 2, m.facts.n_expert))
