@@ -59,7 +59,7 @@ def greedy_stream(om: OpenModel, prompt: str, n_predict: int) -> Iterator[str | 
     if not toks:
         toks = model.tokenize(" ")
     t0 = time.perf_counter()
-    ctx.decode(toks)
+    ctx.decode(toks, prompt=True)
     t1 = time.perf_counter()
     det = Detokenizer(model)
     out: list[int] = []

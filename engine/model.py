@@ -17,6 +17,7 @@ from moeslots.engine.errors import EngineError, ModelError
 
 if TYPE_CHECKING:
     from moeslots.engine.cache import SlotPlan
+    from moeslots.engine.stats import RoutingStats
 
 GGUF_MAGIC = b"GGUF"
 
@@ -226,6 +227,20 @@ class Context:
             raise EngineError(f"could not create a context (n_ctx {n_ctx}): {why[-1] if why else 'unknown'}")
         self.n_past = 0
         self._batch = L.llama_batch_init(n_batch, 0, 1)
+        self.stats_ring = -1                    # < 0: native routing stats off
+
+    def enable_stats(self, ring_rows: int = 4096) -> None:
+        """Native routing stats for this context (per (layer, expert) picks, hits/misses, a ring of rows)."""
+        from moeslots.engine import stats
+
+        stats.enable(self.ptr, ring_rows)
+        self.stats_ring = ring_rows
+
+    def read_stats(self) -> "RoutingStats":
+        from moeslots.engine import stats
+
+        f = self.model.facts
+        return stats.read(self.ptr, self.model.n_layer_all, f.n_expert, f.n_expert_used, self.stats_ring)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -250,8 +265,9 @@ class Context:
         self._L.llama_memory_clear(mem, True)
         self.n_past = 0
 
-    def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> None:
-        """Append tokens to seq 0 in n_batch chunks; logits for the last token (or for every token)."""
+    def decode(self, tokens: Sequence[int], *, all_logits: bool = False, prompt: bool = False) -> None:
+        """Append tokens to seq 0 in n_batch chunks; logits for the last token (or for every token).
+        prompt: the routing stats count these rows as prompt rows (else decode rows)."""
         if self.n_past + len(tokens) > self.n_ctx:
             raise EngineError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
         L, b = self._L, self._batch
@@ -265,6 +281,10 @@ class Context:
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = 0
                 b.logits[i] = 1 if all_logits or (last_chunk and i == len(chunk) - 1) else 0
+            if self.stats_ring >= 0:
+                from moeslots.engine import stats
+
+                stats.mark_batch(self.ptr, self.n_past, len(chunk), prompt)
             rc = L.llama_decode(self.ptr, b)
             if rc != 0:
                 raise EngineError(f"llama_decode failed with code {rc}")

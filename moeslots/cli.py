@@ -148,6 +148,24 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from moeslots.engine import bench, native
+
+    native.require_patched()
+    try:
+        slots = [int(x) for x in a.slots.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
+    rows, info = bench.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
+                           mmap=not a.no_mmap, pack_host=a.pack_host, greedy_prompts=a.greedy_prompts,
+                           greedy_tokens=a.greedy_tokens, with_stats=not a.no_stats,
+                           log=lambda m: print(m, file=sys.stderr))
+    print(bench.render(rows, info))
+    if a.json:
+        bench.save(rows, info, Path(a.json))
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     """Until the TUI lands: write the default synthetic model on first use and stream greedy text from it."""
     from moeslots.engine import native, synth
@@ -220,6 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not override expert tensors into host memory (stock full offload)")
     g.add_argument("-q", "--quiet", action="store_true", help="no timing line")
     g.set_defaults(func=cmd_generate)
+
+    bn = sub.add_parser("bench", help="decode/prompt speed, hit rate and uploads at several slot counts")
+    bn.add_argument("model")
+    bn.add_argument("--slots", default="0,16,32,64,96,128", help="comma-separated slots per layer")
+    bn.add_argument("-n", "--n-decode", type=int, default=128)
+    bn.add_argument("--prompt-len", type=int, default=512)
+    bn.add_argument("--threads", type=int, default=None)
+    bn.add_argument("--no-mmap", action="store_true", help="load experts into (pinned) host memory, not mmap")
+    bn.add_argument("--pack-host", action="store_true", help="hot packs in host memory (CPU-only testing)")
+    bn.add_argument("--greedy-prompts", type=int, default=4)
+    bn.add_argument("--greedy-tokens", type=int, default=256)
+    bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
+    bn.add_argument("--json", help="also write the rows as JSON")
+    bn.set_defaults(func=cmd_bench)
 
     m = sub.add_parser("demo", help="(default) greedy text from the bundled synthetic model")
     m.add_argument("-p", "--prompt", default="The expert cache")

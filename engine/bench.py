@@ -1,0 +1,167 @@
+"""`moeslots bench`: decode and prompt speed of the static expert cache at several slot counts, with the routing
+regime, hit rate and weight bytes crossing to the GPU per decode token, and greedy agreement with 0 slots.
+
+Timed decode feeds random tokens one per step (teacher forcing): the same compute as greedy decoding, but routing
+that does not collapse into the short cycles greedy text from random weights falls into. Greedy agreement is
+measured separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from moeslots.engine import cache
+from moeslots.engine import stats as stats_mod
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.model import Context, LoadOptions, Model
+
+
+@dataclasses.dataclass
+class BenchRow:
+    slots: int
+    pack_mib: float
+    prompt_tok_s: float
+    decode_tok_s: float
+    ms_per_token_median: float
+    ms_per_token_p90: float
+    hit_rate: float
+    upload_mb_per_token: float
+    greedy_agreement: float | None
+    distinct_per_layer: float
+    top10_share: float
+    load_line: str
+
+
+def plan_top(picks: np.ndarray, moe_layers: Sequence[int], n_slots: int) -> SlotPlan:
+    """Per layer the n_slots experts with the most picks (ties -> lower id)."""
+    layers = {}
+    for il in moe_layers:
+        order = np.lexsort((np.arange(picks.shape[1]), -picks[il].astype(np.int64)))
+        layers[il] = tuple(int(e) for e in order[:n_slots])
+    return SlotPlan(layers)
+
+
+def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]:
+    d, t = [], []
+    for il in moe_layers:
+        c = picks[il]
+        if c.sum() == 0:
+            continue
+        d.append(int((c > 0).sum()))
+        n_top = max(1, round(0.1 * c.size))
+        t.append(float(np.sort(c)[::-1][:n_top].sum() / c.sum()))
+    return (float(np.mean(d)) if d else 0.0, float(np.mean(t)) if t else 0.0)
+
+
+def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,
+        threads: int | None = None, mmap: bool = True, pack_host: bool = False, greedy_prompts: int = 4,
+        greedy_tokens: int = 256, seed: int = 0, with_stats: bool = True, log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
+    opts = LoadOptions(experts_on_host=True, use_mmap=mmap)
+    m = Model(model_path, opts)
+    f = m.facts
+    moe = [il for il in f.moe_layers if il < f.n_layer]       # trunk layers (no MTP context here)
+    n_ctx = max(prompt_len + n_decode, 64 + greedy_tokens) + 16
+    ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads)
+    ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off below if asked
+    rng = np.random.default_rng(seed)
+    n_normal = m.n_vocab - 16
+    prompt = [int(t) for t in rng.integers(0, n_normal, prompt_len)]
+    stream = [int(t) for t in rng.integers(0, n_normal, n_decode)]
+    greedy_starts = [[int(t) for t in rng.integers(0, n_normal, 32)] for _ in range(greedy_prompts)]
+    info = {"model": str(model_path), "arch": f.arch, "n_layer": f.n_layer, "n_expert": f.n_expert,
+            "k": f.n_expert_used, "mmap": mmap, "threads": threads, "n_decode": n_decode, "prompt_len": prompt_len,
+            "stats": with_stats}
+
+    def timed() -> tuple[float, list[float], "stats_mod.RoutingStats | None", int]:
+        ctx.reset()
+        stats_mod.reset(ctx.ptr)
+        t0 = time.perf_counter()
+        ctx.decode(prompt, prompt=True)
+        pp = time.perf_counter() - t0
+        b0 = stats_mod.weight_copy_bytes()
+        per = []
+        for t in stream:
+            t1 = time.perf_counter()
+            ctx.decode([t])
+            per.append(time.perf_counter() - t1)
+        moved = stats_mod.weight_copy_bytes() - b0
+        st = ctx.read_stats() if ctx.stats_ring >= 0 else None
+        return pp, per, st, moved
+
+    def greedy() -> list[list[int]]:
+        outs = []
+        for start in greedy_starts:
+            ctx.reset()
+            ctx.decode(start, prompt=True)
+            toks = []
+            for _ in range(greedy_tokens):
+                t = ctx.argmax()
+                toks.append(t)
+                ctx.decode([t])
+            outs.append(toks)
+        return outs
+
+    rows: list[BenchRow] = []
+    log("warm-up + profile (0 slots)")
+    timed()                                                  # warm-up: page in the weights
+    _, _, prof, _ = timed()
+    assert prof is not None
+    profile = prof.picks_decode + prof.picks_prompt
+    if not with_stats:
+        stats_mod.disable(ctx.ptr)
+        ctx.stats_ring = -1
+    ref_greedy = None
+    for s in slot_counts:
+        s = min(s, f.n_expert)
+        line = m.set_slots(plan_top(profile, moe, s), pack_host=pack_host) if s else m.set_slots(SlotPlan({}))
+        log(f"{s} slots: {line}")
+        timed()                                              # first run after a reconfigure builds graphs
+        pp, per, st, moved = timed()
+        g = greedy() if greedy_prompts else None
+        if s == 0:
+            ref_greedy = g
+        agree = None
+        if g is not None and ref_greedy is not None:
+            a = np.array(g) == np.array(ref_greedy)
+            agree = float(a.mean())
+        distinct, top10 = _regime(st.picks_decode, moe) if st is not None else (float("nan"), float("nan"))
+        rows.append(BenchRow(
+            slots=s, pack_mib=cache.pack_bytes(m.ptr) / 2**20, prompt_tok_s=prompt_len / pp,
+            decode_tok_s=len(per) / sum(per), ms_per_token_median=1000 * statistics.median(per),
+            ms_per_token_p90=1000 * float(np.percentile(per, 90)), hit_rate=st.hit_rate if st else float("nan"),
+            upload_mb_per_token=moved / len(per) / 1e6, greedy_agreement=agree, distinct_per_layer=distinct,
+            top10_share=top10, load_line=line))
+        log(render_row(rows[-1]))
+    ctx.close()
+    m.close()
+    return rows, info
+
+
+def render_row(r: BenchRow) -> str:
+    agree = "-" if r.greedy_agreement is None else f"{100 * r.greedy_agreement:.1f} %"
+    return (f"| {r.slots} | {r.pack_mib:.0f} | {r.decode_tok_s:.1f} | {r.ms_per_token_median:.2f} | "
+            f"{r.ms_per_token_p90:.2f} | {100 * r.hit_rate:.1f} % | {r.upload_mb_per_token:.2f} | "
+            f"{r.prompt_tok_s:.0f} | {agree} | {r.distinct_per_layer:.1f} / {100 * r.top10_share:.1f} % |")
+
+
+HEADER = ("| slots/layer | pack MiB | decode tok/s | ms/token median | p90 | hit rate | weights MB/token to GPU | "
+          "prompt tok/s | greedy agreement vs 0 | routing: distinct/layer, top-10 % |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def render(rows: list[BenchRow], info: dict) -> str:
+    head = (f"model {info['model']} ({info['arch']}, {info['n_layer']} layers, {info['n_expert']} experts, "
+            f"k={info['k']}), {'mmap' if info['mmap'] else 'no mmap (pinned host)'}, threads {info['threads']}, "
+            f"prompt {info['prompt_len']}, decode {info['n_decode']} random tokens, stats {'on' if info['stats'] else 'off'}")
+    return "\n".join([head, HEADER] + [render_row(r) for r in rows])
+
+
+def save(rows: list[BenchRow], info: dict, path: Path) -> None:
+    path.write_text(json.dumps({"info": info, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))

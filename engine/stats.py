@@ -1,0 +1,93 @@
+"""Routing statistics read from the engine's native counters (per context), as immutable numpy snapshots."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import numpy as np
+
+from moeslots.engine import native
+from moeslots.engine.errors import EngineError
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingStats:
+    picks_prompt: np.ndarray   # uint64 [n_layer_all, n_expert]
+    picks_decode: np.ndarray   # uint64 [n_layer_all, n_expert]
+    hits: np.ndarray           # uint64 [n_layer_all]  decode picks served by a resident expert
+    misses: np.ndarray         # uint64 [n_layer_all]  decode picks computed in host memory
+    ring: np.ndarray           # int32 [rows, 2 + k]: pos (prompt rows -pos-1), layer, k expert ids; oldest first
+
+    @property
+    def decode_picks(self) -> int:
+        return int(self.picks_decode.sum())
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of decode expert picks served from slots."""
+        h, m = int(self.hits.sum()), int(self.misses.sum())
+        return h / (h + m) if h + m else 0.0
+
+    def layer_hit_rate(self) -> np.ndarray:
+        tot = (self.hits + self.misses).astype(np.float64)
+        return np.divide(self.hits, tot, out=np.zeros_like(tot), where=tot > 0)
+
+
+def _bind() -> object:
+    L = native.lib()
+    if not native.hasattr_symbol(L, "llama_moeslots_stats_enable"):
+        raise EngineError("the installed engine lacks native stats: rebuild with `moeslots engine build`")
+    f = L.llama_moeslots_stats_read
+    if f.argtypes is None:
+        u64p, i32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int32)
+        L.llama_moeslots_stats_enable.restype = ctypes.c_int32
+        L.llama_moeslots_stats_enable.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+        L.llama_moeslots_stats_batch.restype = None
+        L.llama_moeslots_stats_batch.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool]
+        L.llama_moeslots_stats_reset.restype = None
+        L.llama_moeslots_stats_reset.argtypes = [ctypes.c_void_p]
+        f.restype = ctypes.c_int64
+        f.argtypes = [ctypes.c_void_p, u64p, u64p, u64p, u64p, i32p, ctypes.c_int64]
+        L.llama_moeslots_weight_copy_bytes.restype = ctypes.c_uint64
+        L.llama_moeslots_weight_copy_bytes.argtypes = []
+    return L
+
+
+def enable(ctx_ptr: int, ring_rows: int) -> None:
+    rc = _bind().llama_moeslots_stats_enable(ctx_ptr, ring_rows)
+    if rc != 0:
+        raise EngineError(f"could not enable routing stats (code {rc})")
+
+
+def disable(ctx_ptr: int) -> None:
+    _bind().llama_moeslots_stats_enable(ctx_ptr, -1)
+
+
+def mark_batch(ctx_ptr: int, pos0: int, n_tokens: int, prompt: bool) -> None:
+    _bind().llama_moeslots_stats_batch(ctx_ptr, pos0, n_tokens, prompt)
+
+
+def reset(ctx_ptr: int) -> None:
+    _bind().llama_moeslots_stats_reset(ctx_ptr)
+
+
+def weight_copy_bytes() -> int:
+    """Model-weight bytes the scheduler copied between backends since load (all contexts)."""
+    return int(_bind().llama_moeslots_weight_copy_bytes())
+
+
+def read(ctx_ptr: int, n_layer_all: int, n_expert: int, k: int, ring_rows: int) -> RoutingStats:
+    L = _bind()
+    pp = np.zeros((n_layer_all, n_expert), np.uint64)
+    pd = np.zeros((n_layer_all, n_expert), np.uint64)
+    hits = np.zeros(n_layer_all, np.uint64)
+    misses = np.zeros(n_layer_all, np.uint64)
+    ring = np.zeros((max(ring_rows, 0), 2 + k), np.int32)
+    u64p, i32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int32)
+    n = L.llama_moeslots_stats_read(ctx_ptr, pp.ctypes.data_as(u64p), pd.ctypes.data_as(u64p),
+                                    hits.ctypes.data_as(u64p), misses.ctypes.data_as(u64p),
+                                    ring.ctypes.data_as(i32p) if ring_rows > 0 else None, ring_rows)
+    if n < 0:
+        raise EngineError("routing stats are off for this context")
+    return RoutingStats(pp, pd, hits, misses, ring[:n].copy())
