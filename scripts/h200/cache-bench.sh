@@ -17,13 +17,13 @@ echo "== $(date +%T) model"
 time $M synth -o /tmp/big.gguf --arch qwen3moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 \
   --experts 128 --experts-used 8 --expert-ff 768 --vocab 151936 --quant q4_k --threads 16 --check-tokens 256
 echo "== $(date +%T) bench: mmap (CPU_Mapped experts), stats on"
-timeout 200 $M bench /tmp/big.gguf --slots 0,16,32,64,96,128 -n 64 --prompt-len 512 --threads 16 \
+timeout 130 $M bench /tmp/big.gguf --slots 0,16,32,64,96,128 -n 64 --prompt-len 512 --threads 16 \
   --greedy-prompts 2 --greedy-tokens 32 --json "$OUT/bench-mmap.json"
 echo "== $(date +%T) bench: stats off"
-timeout 90 $M bench /tmp/big.gguf --slots 0,64 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-stats \
+timeout 45 $M bench /tmp/big.gguf --slots 0,64 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-stats \
   --json "$OUT/bench-nostats.json"
 echo "== $(date +%T) bench: no mmap (pinned CUDA_Host experts, the best stock CPU placement)"
-timeout 150 $M bench /tmp/big.gguf --slots 0,64 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-mmap \
+timeout 60 $M bench /tmp/big.gguf --slots 0,64 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-mmap \
   --json "$OUT/bench-pinned.json"
 echo "== $(date +%T) done"
 } 2>&1 | tee "$OUT/cache-bench.txt"
