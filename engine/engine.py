@@ -1,0 +1,296 @@
+"""The Engine the app talks to (design §4): load, chat generation with cancel, slots, immutable snapshots.
+
+One model, one chat context, native routing stats on. `chat()` is a generator meant to run in a worker thread;
+`snapshot()` is cheap and safe from any thread (it copies under a lock). Turns reuse the KV cache of the common
+prefix with the previous turn, so a reconfigure between turns keeps the chat without re-reading it all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+
+from moeslots.engine import cache as cache_mod
+from moeslots.engine import native
+from moeslots.engine import stats as stats_mod
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.errors import EngineError
+from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    model: Path
+    n_ctx: int = 4096
+    slots: Union[int, str, SlotPlan, None] = 0      # n per layer (needs a profile), "auto" (later), a plan, 0/None
+    profile: Path | None = None
+    mtp: bool = True                                # (MTP arrives with its own issue; ignored until then)
+    async_cpu: bool = True                          # (CPU/GPU overlap arrives with its own issue)
+    threads: int | None = None
+    pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
+    stats_ring: int = 4096
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    prompt_seconds: float
+    tokens: int
+    seconds: float
+    cancelled: bool
+    hit_rate: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    stats: TurnStats
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSnapshot:
+    layer: int
+    slot_experts: tuple[int, ...]         # slot -> expert id
+    slot_hits_recent: tuple[int, ...]     # per slot, picks in the recent ring window
+    slot_hits_total: tuple[int, ...]      # per slot, decode picks since the stats reset
+    gpu_share: float                      # hits / decode picks of this layer
+    recent_miss_share: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    model_name: str
+    load_line: str
+    layers: tuple[LayerSnapshot, ...]
+    gpu_share: float                      # share of decode expert picks served from slots
+    cpu_experts_per_token: float          # expert evaluations per decode token computed in host memory
+    upload_mb_per_token: float            # weight MB crossing to the GPU per decode token (0 for a static cache)
+    tok_s_last: float
+    tok_s_rolling: tuple[float, ...]      # recent turns' tok/s, oldest first
+    prompt_tok_s: float
+    mtp_drafted: int
+    mtp_accepted: int
+    pack_bytes: int
+    recording: bool
+    generating: bool
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        native.require_patched()
+        self.cfg = cfg
+        self._lock = threading.RLock()
+        self._busy = threading.Lock()
+        self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host))
+        try:
+            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads)
+            self.ctx.enable_stats(cfg.stats_ring)
+        except BaseException:
+            self.model.close()
+            raise
+        self._tokens: list[int] = []                 # what the KV cache holds
+        self._plan = SlotPlan({})
+        self._tok_s: deque[float] = deque(maxlen=32)
+        self._prompt_tok_s = 0.0
+        self._decode_tokens = 0
+        self._upload_bytes = 0
+        self._generating = False
+        self._rng = np.random.default_rng(cfg.seed)
+        self.load_line = "expert cache: off"
+        if cfg.slots not in (None, 0):
+            self.set_slots(cfg.slots)
+
+    # -- slots -----------------------------------------------------------------------------------------------
+
+    def set_slots(self, plan_or_n: Union[int, str, SlotPlan, None]) -> str:
+        """Between generations. On error the previous plan is restored (if it still fits) and the error raised."""
+        plan = self._resolve_plan(plan_or_n)
+        if not self._busy.acquire(blocking=False):
+            raise EngineError("cannot change slots while generating: stop the reply first")
+        try:
+            old = self._plan
+            try:
+                line = self.model.set_slots(plan, pack_host=self.cfg.pack_host)
+            except cache_mod.CacheError:
+                try:
+                    self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host)
+                except cache_mod.CacheError:
+                    self._plan, self.load_line = SlotPlan({}), "expert cache: off"
+                raise
+            with self._lock:
+                self._plan, self.load_line = plan, line
+            return line
+        finally:
+            self._busy.release()
+
+    def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
+        if p is None or p == 0:
+            return SlotPlan({})
+        if isinstance(p, SlotPlan):
+            return p
+        if self.cfg.profile is None:
+            raise EngineError(f"--slots {p} needs a profile to choose the experts: record one with "
+                              "`moeslots record MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
+        raise EngineError("slot plans from profiles arrive with the profiles package (moeslots.profiles)")
+
+    # -- chat ------------------------------------------------------------------------------------------------
+
+    def render_prompt(self, messages: Sequence[Message]) -> str:
+        import jinja2
+
+        L = native.llama()
+        tmpl = L.llama_model_chat_template(self.model.ptr, None)
+        if not tmpl:
+            return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        return env.from_string(tmpl.decode()).render(
+            messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+
+    def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
+             max_tokens: int | None = None) -> Iterator[Union[TextDelta, Done]]:
+        if not self._busy.acquire(blocking=False):
+            raise EngineError("a reply is already being generated")
+        try:
+            with self._lock:
+                self._generating = True
+            yield from self._chat(messages, cancel or threading.Event(), max_tokens or self.cfg.max_tokens)
+        finally:
+            with self._lock:
+                self._generating = False
+            self._busy.release()
+
+    def _chat(self, messages: Sequence[Message], cancel: threading.Event,
+              max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
+        m, ctx = self.model, self.ctx
+        toks = m.tokenize(self.render_prompt(messages), add_special=True, parse_special=True)
+        if len(toks) + 1 >= ctx.n_ctx:
+            raise EngineError(f"the conversation ({len(toks)} tokens) does not fit the context ({ctx.n_ctx}): "
+                              "start a new chat")
+        # reuse the KV of the common prefix
+        p = 0
+        while p < min(len(toks) - 1, len(self._tokens)) and toks[p] == self._tokens[p]:
+            p += 1
+        L = m._L
+        L.llama_memory_seq_rm(L.llama_get_memory(ctx.ptr), 0, p, -1)
+        ctx.n_past = p
+        self._tokens = toks[:p]
+        t0 = time.perf_counter()
+        ctx.decode(toks[p:], prompt=True)
+        self._tokens = list(toks)
+        t1 = time.perf_counter()
+        st0 = ctx.read_stats()
+        b0 = stats_mod.weight_copy_bytes()
+        det = Detokenizer(m)
+        text: list[str] = []
+        n = 0
+        cancelled = False
+        while n < max_tokens:
+            if cancel.is_set():
+                cancelled = True
+                break
+            tok = self._sample(ctx.logits())
+            if m.is_eog(tok) or ctx.n_past + 1 >= ctx.n_ctx:
+                break
+            piece = det.push(tok)
+            ctx.decode([tok])
+            self._tokens.append(tok)
+            n += 1
+            if piece:
+                text.append(piece)
+                yield TextDelta(piece)
+        rest = det.flush()
+        if rest:
+            text.append(rest)
+            yield TextDelta(rest)
+        t2 = time.perf_counter()
+        st1 = ctx.read_stats()
+        hits = int(st1.hits.sum() - st0.hits.sum())
+        miss = int(st1.misses.sum() - st0.misses.sum())
+        with self._lock:
+            if n:
+                self._tok_s.append(n / (t2 - t1))
+            self._prompt_tok_s = (len(toks) - p) / (t1 - t0) if t1 > t0 else 0.0
+            self._decode_tokens += n
+            self._upload_bytes += stats_mod.weight_copy_bytes() - b0
+        yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
+                             hits / (hits + miss) if hits + miss else 0.0), "".join(text))
+
+    def _sample(self, logits: np.ndarray) -> int:
+        if self.cfg.temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / self.cfg.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        return int(self._rng.choice(len(p), p=p))
+
+    def new_chat(self) -> None:
+        with self._busy:
+            self.ctx.reset()
+            self._tokens = []
+
+    # -- snapshot --------------------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            st = self.ctx.read_stats()
+            plan = self._plan
+            f = self.model.facts
+            ring = st.ring
+            recent = ring[ring[:, 0] >= 0] if len(ring) else ring
+            layers = []
+            for il in f.moe_layers:
+                if il >= f.n_layer:
+                    continue
+                slots = plan.slots_of(il)
+                rows = recent[recent[:, 1] == il][:, 2:] if len(recent) else np.zeros((0, f.n_expert_used), np.int32)
+                rc = np.bincount(rows.ravel(), minlength=f.n_expert) if rows.size else np.zeros(f.n_expert, np.int64)
+                tot = int(st.hits[il] + st.misses[il])
+                rtot = int(rc.sum())
+                r_hit = int(sum(rc[e] for e in slots))
+                layers.append(LayerSnapshot(
+                    il, slots, tuple(int(rc[e]) for e in slots), tuple(int(st.picks_decode[il, e]) for e in slots),
+                    int(st.hits[il]) / tot if tot else 0.0, (rtot - r_hit) / rtot if rtot else 0.0))
+            n_dec = self._decode_tokens
+            misses = int(st.misses.sum())
+            return Snapshot(
+                model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
+                cpu_experts_per_token=misses / n_dec if n_dec else 0.0,
+                upload_mb_per_token=self._upload_bytes / n_dec / 1e6 if n_dec else 0.0,
+                tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
+                prompt_tok_s=self._prompt_tok_s, mtp_drafted=0, mtp_accepted=0,
+                pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=False, generating=self._generating)
+
+    def close(self) -> None:
+        with self._lock:
+            if getattr(self, "ctx", None):
+                self.ctx.close()
+            self.model.close()

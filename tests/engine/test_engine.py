@@ -1,0 +1,83 @@
+"""The Engine interface the app uses: streaming chat, cancel, KV reuse across turns, slots between turns,
+snapshots consistent with the native stats, clear errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
+from moeslots.engine.errors import EngineError
+
+
+@pytest.fixture()
+def engine(tiny_glm: Path):
+    e = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=24))
+    yield e
+    e.close()
+
+
+def _reply(e: Engine, msgs: list[Message], **kw) -> tuple[str, Done]:
+    parts, done = [], None
+    for ev in e.chat(msgs, **kw):
+        if isinstance(ev, TextDelta):
+            parts.append(ev.text)
+        else:
+            done = ev
+    assert done is not None
+    assert "".join(parts) == done.text
+    return done.text, done
+
+
+def test_chat_streams_and_is_deterministic(engine: Engine) -> None:
+    msgs = [Message("user", "hello experts")]
+    a, da = _reply(engine, msgs)
+    engine.new_chat()
+    b, db = _reply(engine, msgs)
+    assert a == b and da.stats.tokens == db.stats.tokens > 0
+    assert da.stats.prompt_tokens > 0
+
+
+def test_second_turn_reuses_the_prefix_and_slots_change_between_turns(engine: Engine) -> None:
+    msgs = [Message("user", "hello experts")]
+    text, d1 = _reply(engine, msgs)
+    f = engine.model.facts
+    line = engine.set_slots(SlotPlan.uniform([il for il in f.moe_layers if il < f.n_layer], 8, f.n_expert))
+    assert "8 slots" in line and engine.snapshot().load_line == line
+    msgs2 = msgs + [Message("assistant", text), Message("user", "and then?")]
+    _, d2 = _reply(engine, msgs2)
+    assert d2.stats.prompt_tokens < len(engine._tokens) - d2.stats.tokens   # only the new part was prefilled
+    snap = engine.snapshot()
+    assert 0 < snap.gpu_share < 1 and snap.upload_mb_per_token == 0.0
+    assert len(snap.layers) == 2 and all(len(ls.slot_experts) == 8 for ls in snap.layers)
+    assert snap.pack_bytes > 0 and snap.tok_s_last > 0
+
+
+def test_cancel_stops_and_the_next_turn_works(engine: Engine) -> None:
+    stop = threading.Event()
+    got = []
+    for ev in engine.chat([Message("user", "count")], cancel=stop):
+        got.append(ev)
+        if isinstance(ev, TextDelta):
+            stop.set()
+    assert isinstance(got[-1], Done) and got[-1].stats.cancelled
+    _, d = _reply(engine, [Message("user", "count")])
+    assert not d.stats.cancelled
+
+
+def test_slots_without_a_profile_say_how_to_record_one(tiny_glm: Path) -> None:
+    with pytest.raises(EngineError, match="moeslots record"):
+        Engine(EngineConfig(model=tiny_glm, slots=16, threads=2, pack_host=True))
+
+
+def test_a_failed_reconfigure_keeps_the_previous_plan(engine: Engine) -> None:
+    f = engine.model.facts
+    good = SlotPlan.uniform([1, 2], 4, f.n_expert)
+    engine.set_slots(good)
+    with pytest.raises(EngineError, match="listed twice"):
+        engine.set_slots(SlotPlan({1: (2, 2)}))
+    assert "4 slots" in engine.load_line
+    _reply(engine, [Message("user", "still here?")])
