@@ -62,7 +62,7 @@ def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]
 
 def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,
         threads: int | None = None, mmap: bool = True, pack_host: bool = False, greedy_prompts: int = 4,
-        greedy_tokens: int = 256, seed: int = 0, with_stats: bool = True, log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
+        greedy_tokens: int = 256, seed: int = 0, with_stats: bool = True, replay_from: str | None = None, log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
     opts = LoadOptions(experts_on_host=True, use_mmap=mmap)
     m = Model(model_path, opts)
     f = m.facts
@@ -70,6 +70,14 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
     n_ctx = max(prompt_len + n_decode, 64 + greedy_tokens) + 16
     ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads)
     ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off below if asked
+    routing = "the model's router"
+    if replay_from:
+        from moeslots.engine import replay
+
+        table = (replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=seed) if replay_from == "uniform"
+                 else replay.from_trace(Path(replay_from), f.n_expert, f.n_expert_used))
+        replay.set_replay(ctx.ptr, table)
+        routing = "replayed: " + table.source
     rng = np.random.default_rng(seed)
     n_normal = m.n_vocab - 16
     prompt = [int(t) for t in rng.integers(0, n_normal, prompt_len)]
@@ -77,7 +85,7 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
     greedy_starts = [[int(t) for t in rng.integers(0, n_normal, 32)] for _ in range(greedy_prompts)]
     info = {"model": str(model_path), "arch": f.arch, "n_layer": f.n_layer, "n_expert": f.n_expert,
             "k": f.n_expert_used, "mmap": mmap, "threads": threads, "n_decode": n_decode, "prompt_len": prompt_len,
-            "stats": with_stats}
+            "stats": with_stats, "routing": routing}
 
     def timed() -> tuple[float, list[float], "stats_mod.RoutingStats | None", int]:
         ctx.reset()
@@ -159,7 +167,9 @@ HEADER = ("| slots/layer | pack MiB | decode tok/s | ms/token median | p90 | hit
 def render(rows: list[BenchRow], info: dict) -> str:
     head = (f"model {info['model']} ({info['arch']}, {info['n_layer']} layers, {info['n_expert']} experts, "
             f"k={info['k']}), {'mmap' if info['mmap'] else 'no mmap (pinned host)'}, threads {info['threads']}, "
-            f"prompt {info['prompt_len']}, decode {info['n_decode']} random tokens, stats {'on' if info['stats'] else 'off'}")
+            f"prompt {info['prompt_len']}, decode {info['n_decode']} random tokens, stats {'on' if info['stats'] else 'off'}, "
+            f"routing: {info['routing']}; plan: per layer the top-S experts of a 0-slot pass over the same input "
+            f"(in-sample)")
     return "\n".join([head, HEADER] + [render_row(r) for r in rows])
 
 

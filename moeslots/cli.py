@@ -158,7 +158,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
     rows, info = bench.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                            mmap=not a.no_mmap, pack_host=a.pack_host, greedy_prompts=a.greedy_prompts,
-                           greedy_tokens=a.greedy_tokens, with_stats=not a.no_stats,
+                           greedy_tokens=a.greedy_tokens, with_stats=not a.no_stats, replay_from=a.replay,
                            log=lambda m: print(m, file=sys.stderr))
     print(bench.render(rows, info))
     if a.json:
@@ -250,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--greedy-prompts", type=int, default=4)
     bn.add_argument("--greedy-tokens", type=int, default=256)
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
+    bn.add_argument("--replay", metavar="TRACE|uniform",
+                    help="route through a recorded trace (CSV) or uniform random ids instead of the router")
     bn.add_argument("--json", help="also write the rows as JSON")
     bn.set_defaults(func=cmd_bench)
 
