@@ -49,15 +49,9 @@ def plan_top(picks: np.ndarray, moe_layers: Sequence[int], n_slots: int) -> Slot
 
 
 def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]:
-    d, t = [], []
-    for il in moe_layers:
-        c = picks[il]
-        if c.sum() == 0:
-            continue
-        d.append(int((c > 0).sum()))
-        n_top = max(1, round(0.1 * c.size))
-        t.append(float(np.sort(c)[::-1][:n_top].sum() / c.sum()))
-    return (float(np.mean(d)) if d else 0.0, float(np.mean(t)) if t else 0.0)
+    """Mean over the routed layers of (distinct experts, top-10 % share)."""
+    per = [stats_mod.regime(picks[il]) for il in moe_layers if picks[il].sum() > 0]
+    return (float(np.mean([d for d, _ in per])), float(np.mean([t for _, t in per]))) if per else (0.0, 0.0)
 
 
 def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,

@@ -10,6 +10,7 @@ flag set, so a patch that touches only src/ rebuilds incrementally.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,7 +23,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -400,31 +401,35 @@ def prepare_source(dest: Path, cache: Path, patches: Sequence[Path], *, trim: bo
     return dest
 
 
-def ensure_engine(flags: BuildFlags, **kw: object) -> BuildResult:
-    """Build/install the engine; one build at a time per cache (two builds sharing a build dir corrupt it:
-    seen when a test started a build while another ran)."""
+@contextlib.contextmanager
+def _build_lock(cache: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """One build at a time per cache: two builds sharing a build dir corrupt it (seen when a test started a
+    build while another ran: the wheel came out without its libraries)."""
     import fcntl
 
-    cache = kw.get("cache") or cache_root()
-    assert isinstance(cache, Path)
-    cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "build.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log = kw.get("log") or print
-            log("another engine build is running; waiting for it")  # type: ignore[operator]
+            log("another engine build is running; waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        return _ensure_engine(flags, **kw)  # type: ignore[arg-type]
+        yield
 
 
-def _ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path | None = None,
+def ensure_engine(flags: BuildFlags, *, force: bool = False, from_source: Path | None = None,
                   cache: Path | None = None, patches_dir: Path = PATCHES_DIR,
                   log: Callable[[str], None] = print,
                   progress: Callable[[int, int, str], None] | None = None) -> BuildResult:
     t0 = time.perf_counter()
     cache = cache or cache_root()
     cache.mkdir(parents=True, exist_ok=True)
+    with _build_lock(cache, log):
+        return _ensure_engine_locked(flags, force, from_source, cache, patches_dir, log, progress, t0)
+
+
+def _ensure_engine_locked(flags: BuildFlags, force: bool, from_source: Path | None, cache: Path, patches_dir: Path,
+                          log: Callable[[str], None], progress: Callable[[int, int, str], None] | None,
+                          t0: float) -> BuildResult:
     patches = patch_files(patches_dir)
     patch_id = patches_hash(patches)
     if from_source is not None:

@@ -34,6 +34,14 @@ class RoutingStats:
         return np.divide(self.hits, tot, out=np.zeros_like(tot), where=tot > 0)
 
 
+def regime(counts: np.ndarray) -> tuple[int, float]:
+    """Routing regime of one layer's pick counts [n_expert]: distinct experts used, and the share of picks carried
+    by the top 10 % of experts (uniform ~10 %, degenerate > 50 %)."""
+    n_top = max(1, round(0.1 * counts.size))
+    total = max(1, int(counts.sum()))
+    return int((counts > 0).sum()), float(np.sort(counts)[::-1][:n_top].sum() / total)
+
+
 def _bind() -> object:
     L = native.lib()
     if not native.hasattr_symbol(L, "llama_moeslots_stats_enable"):

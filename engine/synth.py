@@ -481,13 +481,12 @@ class RoutingCheck:
 
 def summarize_routing(picks: dict[int, np.ndarray], n_expert: int, k: int) -> RoutingCheck:
     """picks: layer -> int array [n_tokens, k]."""
+    from moeslots.engine.stats import regime
+
     distinct, top10 = {}, {}
     n_tokens = 0
     for il, ids in sorted(picks.items()):
-        counts = np.bincount(ids.ravel(), minlength=n_expert)
-        distinct[il] = int((counts > 0).sum())
-        n_top = max(1, round(0.1 * n_expert))
-        top10[il] = float(np.sort(counts)[::-1][:n_top].sum() / max(1, counts.sum()))
+        distinct[il], top10[il] = regime(np.bincount(ids.ravel(), minlength=n_expert))
         n_tokens = max(n_tokens, ids.shape[0])
     return RoutingCheck(n_tokens, n_expert, k, distinct, top10)
 
