@@ -103,6 +103,18 @@ class Snapshot:
     generating: bool
 
 
+def render_chat(model: Model, messages: Sequence[Message]) -> str:
+    """The model's own chat template (Jinja, from the GGUF), with the generation prompt appended."""
+    import jinja2
+
+    tmpl = native.llama().llama_model_chat_template(model.ptr, None)
+    if not tmpl:
+        return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    return env.from_string(tmpl.decode()).render(
+        messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig):
         native.require_patched()
@@ -164,15 +176,7 @@ class Engine:
     # -- chat ------------------------------------------------------------------------------------------------
 
     def render_prompt(self, messages: Sequence[Message]) -> str:
-        import jinja2
-
-        L = native.llama()
-        tmpl = L.llama_model_chat_template(self.model.ptr, None)
-        if not tmpl:
-            return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-        return env.from_string(tmpl.decode()).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+        return render_chat(self.model, messages)
 
     def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
              max_tokens: int | None = None) -> Iterator[Union[TextDelta, Done]]:

@@ -166,6 +166,120 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(a: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from moeslots.engine import native
+    from moeslots.profiles import record as rec
+
+    native.require_patched()
+    console = Console(stderr=True)
+    out = Path(a.output)
+    with console.status("recording") as status:
+        def on_progress(p: "rec.RecordProgress") -> None:
+            status.update(f"recording {p.file}: {p.tokens} decode tokens, {p.rows} routing rows so far")
+
+        try:
+            t = rec.record(Path(a.model), [Path(f) for f in a.prompt_file], out, n_decode=a.n_predict,
+                           threads=a.threads, progress=on_progress)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: what was recorded is saved in {out}" if out.exists() else "interrupted")
+            return 130
+    print(f"wrote {out}: {t.n_rows} rows, {t.decode_tokens} decode tokens, {(~t.decode).sum()} prompt rows, "
+          f"{t.shape_text()}")
+    return 0
+
+
+def _read_trace(path: str):  # noqa: ANN202
+    from moeslots.profiles.trace import TraceError, read_csv
+
+    try:
+        return read_csv(Path(path))
+    except TraceError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_profile_merge(a: argparse.Namespace) -> int:
+    from moeslots.profiles import profile as prof
+    from moeslots.profiles.trace import TraceError, merge, write_csv
+
+    traces = [_read_trace(p) for p in a.inputs]
+    try:
+        merged = merge(traces, list(a.inputs))
+    except TraceError as e:
+        raise UserError(str(e)) from None
+    write_csv(merged, Path(a.output))
+    print(f"wrote {a.output}: {merged.n_rows} rows, {merged.decode_tokens} decode tokens ({merged.shape_text()})")
+    s = a.slots or max(1, merged.n_expert // 4)
+    profs = [prof.from_trace(t, merged.n_layer, merged.n_expert) for t in traces]
+    for i in range(len(profs)):
+        for j in range(i + 1, len(profs)):
+            ov = prof.overlap(profs[i], profs[j], s)[[il for il in range(merged.n_layer)
+                                                      if profs[i].counts[il].sum() and profs[j].counts[il].sum()]]
+            print(f"top-{s} overlap {a.inputs[i]} vs {a.inputs[j]}: mean {100 * ov.mean():.1f} % "
+                  f"(min {100 * ov.min():.1f} %)" if ov.size else f"no common layers with data in {a.inputs[i]}, "
+                                                                    f"{a.inputs[j]}")
+    return 0
+
+
+def cmd_profile_show(a: argparse.Namespace) -> int:
+    from moeslots.profiles import profile as prof
+
+    t = _read_trace(a.profile)
+    p = prof.from_trace(t)
+    s = a.slots or max(1, p.n_expert // 4)
+    print(f"{a.profile}: {t.shape_text()}, arch {t.meta.get('arch', '?')}, model {t.meta.get('model', '?')}")
+    print(f"rows: {t.n_rows} ({int(t.decode.sum())} decode, {int((~t.decode).sum())} prompt); decode tokens: "
+          f"{t.decode_tokens}; layers with data: {len(p.layers_with_data())}")
+    sk = prof.skew(p)
+    print("skew (share of decode picks in the top x % of (layer, expert) pairs): " +
+          ", ".join(f"top {int(100 * k)} %: {100 * v:.1f} %" for k, v in sk.items()))
+    cov = prof.coverage(p, s)
+    data = p.layers_with_data()
+    if data:
+        print(f"coverage at {s} slots/layer (static hit rate on this profile): mean {100 * cov[data].mean():.1f} %, "
+              f"min {100 * cov[data].min():.1f} % (L{data[int(cov[data].argmin())]}), max {100 * cov[data].max():.1f} %")
+    if a.against:
+        q = prof.from_trace(_read_trace(a.against), p.n_layer, p.n_expert)
+        ov = prof.overlap(p, q, s)[data]
+        print(f"top-{s} overlap with {a.against}: mean {100 * ov.mean():.1f} %")
+    print("per-layer picks, experts sorted by count:")
+    for row in prof.heatmap_rows(p, width=a.width):
+        print("  " + row)
+    return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from moeslots.profiles import simulate as sim
+    from moeslots.profiles.trace import TraceError, check_compatible
+
+    test = _read_trace(a.trace)
+    train = _read_trace(a.train) if a.train else None
+    if train is not None:
+        try:
+            check_compatible(train, test, a.train, a.trace)
+        except TraceError as e:
+            raise UserError(str(e)) from None
+    cost = sim.CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
+                         base_ms=a.base_ms)
+    policies = a.policy or [p if p != "reelect" else f"reelect-{a.reelect_k}" for p in sim.POLICIES]
+    try:
+        res = sim.simulate(test, a.slots, policies, train=train, reelect_k=a.reelect_k,
+                           reelect_window=a.reelect_window, cost=cost)
+    except (TraceError, ValueError) as e:
+        raise UserError(str(e)) from None
+    print(f"{a.trace}: {test.decode_tokens} decode tokens, {test.shape_text()}; {a.slots} slots/layer; "
+          f"plan trained on {a.train or a.trace}")
+    print(f"cost model: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, "
+          f"GPU {cost.gpu_gbps} GB/s, base {cost.base_ms} ms/token")
+    print("| policy | hit % | MB uploaded/token | CPU experts/token | est. ms/token | est. tok/s |")
+    print("|---|---|---|---|---|---|")
+    for r in res:
+        print(f"| {r.policy} | {100 * r.hit_rate:.1f} | {r.mb_per_token(cost):.1f} | {r.cpu_picks_per_token:.1f} | "
+              f"{r.ms_per_token:.2f} | {1000 / r.ms_per_token:.1f} |")
+    return 0
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     """Until the TUI lands: write the default synthetic model on first use and stream greedy text from it."""
     from moeslots.engine import native, synth
@@ -254,6 +368,42 @@ def build_parser() -> argparse.ArgumentParser:
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
     bn.add_argument("--json", help="also write the rows as JSON")
     bn.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("record", help="record a routing trace (profile) while the model answers prompt files")
+    r.add_argument("model")
+    r.add_argument("--prompt-file", action="append", required=True, help="a prompt (one chat turn); repeatable")
+    r.add_argument("-n", "--n-predict", type=int, default=500, help="decode tokens per prompt")
+    r.add_argument("-o", "--output", required=True)
+    r.add_argument("--threads", type=int, default=None)
+    r.set_defaults(func=cmd_record)
+
+    pr = sub.add_parser("profile", help="merge or inspect profiles")
+    prs = pr.add_subparsers(dest="profile_cmd", metavar="ACTION", required=True)
+    pm = prs.add_parser("merge", help="concatenate traces of one model; prints the overlap of their top sets")
+    pm.add_argument("inputs", nargs="+")
+    pm.add_argument("-o", "--output", required=True)
+    pm.add_argument("--slots", type=int, default=None, help="slots for the overlap (default: a quarter of experts)")
+    pm.set_defaults(func=cmd_profile_merge)
+    ps = prs.add_parser("show", help="skew, coverage at S slots, heatmap")
+    ps.add_argument("profile")
+    ps.add_argument("--slots", type=int, default=None)
+    ps.add_argument("--against", help="another profile: overlap of the top sets")
+    ps.add_argument("--width", type=int, default=64)
+    ps.set_defaults(func=cmd_profile_show)
+
+    si = sub.add_parser("simulate", help="replay a trace through residency policies (what-if)")
+    si.add_argument("trace")
+    si.add_argument("--slots", type=int, required=True)
+    si.add_argument("--policy", action="append", help="static-profile, static-oracle, lru, lfu-decay, reelect-K")
+    si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
+    si.add_argument("--reelect-k", type=int, default=16)
+    si.add_argument("--reelect-window", type=int, default=64)
+    si.add_argument("--slab-mb", type=float, default=3.06, help="bytes of one expert (gate+up+down), MB")
+    si.add_argument("--cpu-gbps", type=float, default=80.0)
+    si.add_argument("--pcie-gbps", type=float, default=55.0)
+    si.add_argument("--gpu-gbps", type=float, default=4000.0)
+    si.add_argument("--base-ms", type=float, default=3.0, help="non-expert time per token")
+    si.set_defaults(func=cmd_simulate)
 
     m = sub.add_parser("demo", help="(default) greedy text from the bundled synthetic model")
     m.add_argument("-p", "--prompt", default="The expert cache")

@@ -1,0 +1,36 @@
+"""Slot plans from profiles: per layer the S experts with the most decode picks (ties -> lower id); layers
+without data get an even spread. `auto_slots` picks the largest S whose packs fit the free VRAM minus a margin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def plan_from_counts(counts: np.ndarray, slots: int, layers: list[int] | None = None) -> dict[int, tuple[int, ...]]:
+    n_layer, n_expert = counts.shape
+    slots = max(0, min(slots, n_expert))
+    out: dict[int, tuple[int, ...]] = {}
+    for il in (range(n_layer) if layers is None else layers):
+        c = counts[il]
+        if c.sum() == 0:
+            step = n_expert / slots if slots else 1
+            out[il] = tuple(sorted({int(j * step) % n_expert for j in range(slots)}))
+        else:
+            order = np.lexsort((np.arange(n_expert), -c.astype(np.int64)))  # count desc, then id asc
+            out[il] = tuple(int(e) for e in order[:slots])
+    return out
+
+
+def pack_bytes(slots: int, n_layers: int, slab_bytes: int) -> int:
+    """Bytes of the hot packs: S slots + the zero slot per layer."""
+    return n_layers * (slots + 1) * slab_bytes if slots > 0 else 0
+
+
+def auto_slots(free_bytes: int, n_layers: int, slab_bytes: int, n_expert: int,
+               margin_bytes: int = 1 << 30) -> int:
+    """The largest S with pack_bytes(S) <= free - margin (0 when not even one slot fits)."""
+    budget = free_bytes - margin_bytes
+    if budget <= 0 or slab_bytes <= 0 or n_layers <= 0:
+        return 0
+    s = budget // (n_layers * slab_bytes) - 1
+    return int(max(0, min(n_expert, s)))

@@ -1,0 +1,74 @@
+"""Record a routing trace through the engine's native stats ring (the only module of profiles that loads the
+engine). Each prompt file is one chat turn: its prompt rows (negative pos) and n decode rows are appended."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from moeslots.profiles.trace import Trace, empty, write_csv
+
+
+@dataclasses.dataclass
+class RecordProgress:
+    file: str
+    tokens: int
+    rows: int
+
+
+def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decode: int = 500,
+           threads: int | None = None, n_ctx: int = 4096,
+           progress: Callable[[RecordProgress], None] | None = None) -> Trace:
+    """Returns the trace written to `out`. Ctrl-C (KeyboardInterrupt) saves what was recorded, then re-raises."""
+    from moeslots.engine.engine import Message, render_chat
+    from moeslots.engine.errors import EngineError
+    from moeslots.engine.model import Context, LoadOptions, Model
+
+    texts = []
+    for f in prompt_files:
+        try:
+            texts.append((Path(f).name, Path(f).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            raise EngineError(f"cannot read prompt file {f}: {e}") from None
+    model = Model(model_path, LoadOptions(experts_on_host=True))
+    f = model.facts
+    meta = {"arch": f.arch, "n_layer": str(model.n_layer_all), "n_expert": str(f.n_expert),
+            "k": str(f.n_expert_used), "model": Path(model_path).name.replace(" ", "_")}
+    chunks: list[Trace] = []
+    n_moe = len([il for il in f.moe_layers if il < f.n_layer])
+    total_tokens = 0
+    try:
+        with Context(model, n_ctx=n_ctx, n_batch=512, threads=threads) as ctx:
+            for name, text in texts:
+                prompt = model.tokenize(render_chat(model, [Message("user", text)]))
+                if len(prompt) + n_decode + 1 > n_ctx:
+                    prompt = prompt[-(n_ctx - n_decode - 1):]       # keep the end: the template's generation prompt
+                ctx.enable_stats(ring_rows=(len(prompt) + n_decode) * n_moe + 16)
+                ctx.reset()
+                try:
+                    ctx.decode(prompt, all_logits=True, prompt=True)   # all rows output: the last layer routes them all
+                    done = 0
+                    for _ in range(n_decode):
+                        tok = ctx.argmax()
+                        if model.is_eog(tok) or ctx.n_past + 1 >= n_ctx:
+                            break
+                        ctx.decode([tok])
+                        done += 1
+                        if progress and done % 16 == 0:
+                            progress(RecordProgress(name, total_tokens + done, sum(c.n_rows for c in chunks)))
+                finally:
+                    ring = ctx.read_stats().ring
+                    chunks.append(Trace(ring[:, 0].astype(np.int64), ring[:, 1].astype(np.int32),
+                                        ring[:, 2:].astype(np.int32), meta))
+                    total_tokens += int((ring[:, 0] >= 0).sum() // max(1, n_moe))
+    finally:
+        trace = (Trace(np.concatenate([c.pos for c in chunks]), np.concatenate([c.layer for c in chunks]),
+                       np.concatenate([c.ids for c in chunks]), {**meta, "tokens": str(total_tokens)})
+                 if chunks else empty(f.n_expert_used, meta))
+        if trace.n_rows:
+            write_csv(trace, out)
+        model.close()
+    return trace

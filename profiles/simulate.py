@@ -1,0 +1,205 @@
+"""What-if simulator: replay a trace's decode rows through residency policies at S slots per layer.
+
+Policies: static-profile (plan from a training trace), static-oracle (plan from the replayed trace itself: the best
+any static set can do), lru, lfu-decay (frequency with exponential decay, admission when the newcomer outscores the
+weakest resident), reelect-K (every K tokens re-pick the top S of a recent window). All layers advance together as
+numpy arrays; only time is a Python loop.
+
+Cost model per decode token (sequential, no overlap): base (non-expert work) + picks served from VRAM x slab / GPU
+GB/s + picks computed in host memory x slab / CPU GB/s + slabs uploaded x slab / PCIe GB/s. Defaults: the H200 box
+(shared/h200-box.md): CPU 80 GB/s (16 threads), PCIe 55 GB/s pinned, GPU ~4000 GB/s, base 3.0 ms and a 3.06 MB
+slab (Qwen3-30B-A3B shape at Q4_K_M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from moeslots.profiles.plan import plan_from_counts
+from moeslots.profiles.profile import from_trace
+from moeslots.profiles.trace import Trace, TraceError
+
+POLICIES = ("static-profile", "static-oracle", "lru", "lfu-decay", "reelect")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    slab_mb: float = 3.06
+    cpu_gbps: float = 80.0
+    pcie_gbps: float = 55.0
+    gpu_gbps: float = 4000.0
+    base_ms: float = 3.0
+
+    def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
+        mb = self.slab_mb
+        return (self.base_ms + gpu_picks * mb / self.gpu_gbps + cpu_picks * mb / self.cpu_gbps
+                + uploads * mb / self.pcie_gbps)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimResult:
+    policy: str
+    slots: int
+    hit_rate: float                 # picks served from VRAM (for dynamic policies: found resident when picked)
+    uploads_per_token: float        # slabs copied host -> GPU per decode token
+    cpu_picks_per_token: float
+    ms_per_token: float
+
+    def mb_per_token(self, cost: CostModel) -> float:
+        return self.uploads_per_token * cost.slab_mb
+
+
+def token_matrix(t: Trace) -> tuple[list[int], np.ndarray]:
+    """Decode rows as [n_tokens, n_layers, k] (a token = consecutive rows with the same pos; tokens missing a
+    layer are dropped). Returns (layers, matrix)."""
+    d = t.decode
+    pos, layer, ids = t.pos[d], t.layer[d], t.ids[d]
+    if pos.size == 0:
+        raise TraceError("the trace has no decode rows to simulate")
+    layers = sorted(int(x) for x in np.unique(layer))
+    li = {il: i for i, il in enumerate(layers)}
+    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
+    ends = np.r_[starts[1:], pos.size]
+    out = np.full((len(starts), len(layers), t.k), -1, np.int32)
+    lidx = np.array([li[int(x)] for x in layer], np.int64)
+    tok = np.repeat(np.arange(len(starts)), ends - starts)
+    out[tok, lidx] = ids
+    keep = (out >= 0).all(axis=(1, 2))
+    return layers, out[keep]
+
+
+def _static(P: np.ndarray, resident: np.ndarray) -> tuple[float, float]:
+    L = P.shape[1]
+    hit = resident[np.arange(L)[None, :, None], P]
+    return float(hit.mean()), float((~hit).sum() / P.shape[0])
+
+
+def _resident_from_plan(plan: dict[int, tuple[int, ...]], layers: list[int], n_expert: int) -> np.ndarray:
+    r = np.zeros((len(layers), n_expert), bool)
+    for i, il in enumerate(layers):
+        r[i, list(plan.get(il, ()))] = True
+    return r
+
+
+def _lru(P: np.ndarray, S: int, n_expert: int) -> tuple[float, float]:
+    T, L, k = P.shape
+    if S <= 0:
+        return 0.0, 0.0
+    last = np.full((L, n_expert), -np.inf)
+    resident = np.zeros((L, n_expert), bool)
+    n_res = np.zeros(L, np.int64)
+    hits = uploads = 0
+    rows = np.arange(L)
+    for t in range(T):
+        for j in range(k):
+            e = P[t, :, j]
+            h = resident[rows, e]
+            hits += int(h.sum())
+            miss = ~h
+            if miss.any():
+                full = miss & (n_res >= S)
+                if full.any():
+                    score = np.where(resident, last, np.inf)
+                    victim = np.argmin(score, axis=1)
+                    fr = rows[full]
+                    resident[fr, victim[full]] = False
+                    n_res[fr] -= 1
+                mr = rows[miss]
+                resident[mr, e[miss]] = True
+                n_res[mr] += 1
+                uploads += int(miss.sum())
+            last[rows, e] = t + j / (k + 1)
+    return hits / (T * L * k), uploads / T
+
+
+def _lfu_decay(P: np.ndarray, S: int, n_expert: int, decay: float = 0.98) -> tuple[float, float, float]:
+    T, L, k = P.shape
+    if S <= 0:
+        return 0.0, 0.0, float(L * k)
+    score = np.zeros((L, n_expert))
+    resident = np.zeros((L, n_expert), bool)
+    n_res = np.zeros(L, np.int64)
+    hits = uploads = cpu = 0
+    rows = np.arange(L)
+    for t in range(T):
+        score *= decay
+        for j in range(k):
+            e = P[t, :, j]
+            score[rows, e] += 1.0
+            h = resident[rows, e]
+            hits += int(h.sum())
+            miss = ~h
+            if not miss.any():
+                continue
+            space = miss & (n_res < S)
+            if space.any():
+                sr = rows[space]
+                resident[sr, e[space]] = True
+                n_res[sr] += 1
+                uploads += int(space.sum())
+            full = miss & ~space
+            if full.any():
+                masked = np.where(resident, score, np.inf)
+                victim = np.argmin(masked, axis=1)
+                vscore = masked[rows, victim]
+                admit = full & (score[rows, e] > vscore)
+                ar = rows[admit]
+                resident[ar, victim[admit]] = False
+                resident[ar, e[admit]] = True
+                uploads += int(admit.sum())
+                cpu += int((full & ~admit).sum())
+    return hits / (T * L * k), uploads / T, cpu / T
+
+
+def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray) -> tuple[float, float]:
+    T, L, k = P.shape
+    resident = initial.copy()
+    rows = np.arange(L)
+    hits = uploads = 0
+    for t0 in range(0, T, K):
+        if t0 > 0:
+            w = P[max(0, t0 - window):t0]
+            counts = np.zeros((L, n_expert), np.int64)
+            np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), 1)
+            new = _resident_from_plan(plan_from_counts(counts, S), list(range(L)), n_expert)
+            uploads += int((new & ~resident).sum())
+            resident = new
+        chunk = P[t0:t0 + K]
+        hits += int(resident[rows[None, :, None], chunk].sum())
+    return hits / (T * L * k), uploads / T
+
+
+def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, train: Trace | None = None,
+             reelect_k: int = 16, reelect_window: int = 64, cost: CostModel | None = None) -> list[SimResult]:
+    cost = cost or CostModel()
+    layers, P = token_matrix(test)
+    n_expert = max(test.n_expert, int(P.max()) + 1)
+    T, L, k = P.shape
+    train_counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
+    oracle_counts = from_trace(test, max(layers) + 1, n_expert).counts
+    profile_res = _resident_from_plan(plan_from_counts(train_counts, slots, layers), layers, n_expert)
+    out = []
+    for pol in policies:
+        if pol in ("static-profile", "static-oracle"):
+            res = profile_res if pol == "static-profile" else _resident_from_plan(
+                plan_from_counts(oracle_counts, slots, layers), layers, n_expert)
+            hr, cpu = _static(P, res)
+            up = 0.0
+        elif pol == "lru":
+            hr, up = _lru(P, slots, n_expert)
+            cpu = 0.0 if slots > 0 else float(L * k)
+        elif pol == "lfu-decay":
+            hr, up, cpu = _lfu_decay(P, slots, n_expert)
+        elif pol.startswith("reelect"):
+            kk = int(pol.split("-", 1)[1]) if "-" in pol else reelect_k
+            hr, up = _reelect(P, slots, n_expert, kk, max(reelect_window, kk), profile_res)
+            cpu = (1 - hr) * L * k
+            pol = f"reelect-{kk}"
+        else:
+            raise ValueError(f"unknown policy {pol!r} (choose from {', '.join(POLICIES)})")
+        gpu = L * k - cpu
+        out.append(SimResult(pol, slots, hr, up, cpu, cost.ms_per_token(gpu, cpu, up)))
+    return out

@@ -1,0 +1,193 @@
+"""Routing traces in the CSV format of the thecodacus/llama.cpp fork's `llama-moe-trace` (design §5).
+
+One row per (position, layer): `pos,layer,id0,id1,...`; prompt rows have a negative pos; merging traces is
+concatenation. Optional leading `# key=value` lines carry model facts (arch, n_layer, n_expert, k, model, tokens)
+so a profile of another model is refused with a clear message. A header line `pos,layer,...` is accepted.
+Writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+MAX_ID = 1 << 20          # no MoE has a million experts: larger ids are corrupt input
+MAX_LAYER = 4096
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable, malformed or belongs to another model; the message says which and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    pos: np.ndarray                       # int64 [R]   (< 0: prompt rows)
+    layer: np.ndarray                     # int32 [R]
+    ids: np.ndarray                       # int32 [R, k]
+    meta: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.pos.shape[0])
+
+    @property
+    def decode(self) -> np.ndarray:
+        return self.pos >= 0
+
+    @property
+    def n_layer(self) -> int:
+        """Layers as the model declares them (meta), else 1 + the highest layer seen."""
+        if "n_layer" in self.meta:
+            return int(self.meta["n_layer"])
+        return int(self.layer.max()) + 1 if self.n_rows else 0
+
+    @property
+    def n_expert(self) -> int:
+        if "n_expert" in self.meta:
+            return int(self.meta["n_expert"])
+        return int(self.ids.max()) + 1 if self.n_rows else 0
+
+    @property
+    def decode_tokens(self) -> int:
+        """Decode tokens: rows of the first layer seen at pos >= 0 (each token has one row per MoE layer)."""
+        if not self.n_rows:
+            return 0
+        d = self.decode
+        if not d.any():
+            return 0
+        first = int(self.layer[d].min())
+        return int((self.layer[d] == first).sum())
+
+    def shape_text(self) -> str:
+        return f"{self.n_layer} layers x {self.n_expert} experts, k={self.k}"
+
+
+def empty(k: int, meta: Mapping[str, str] | None = None) -> Trace:
+    return Trace(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, k), np.int32), dict(meta or {}))
+
+
+def from_rows(rows: Iterable[tuple[int, int, Iterable[int]]], meta: Mapping[str, str] | None = None,
+              k: int | None = None) -> Trace:
+    pos, layer, ids = [], [], []
+    for p, il, e in rows:
+        pos.append(p)
+        layer.append(il)
+        ids.append(list(e))
+    if not ids:
+        return empty(k or 1, meta)
+    return Trace(np.array(pos, np.int64), np.array(layer, np.int32), np.array(ids, np.int32), dict(meta or {}))
+
+
+def read_csv(path: Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"trace not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read trace {path}: {e}") from None
+    meta: dict[str, str] = {}
+    pos: list[int] = []
+    layer: list[int] = []
+    ids: list[list[int]] = []
+    k = None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            for tok in line[1:].split():
+                if "=" in tok:
+                    key, _, val = tok.partition("=")
+                    meta[key.strip()] = val.strip()
+            continue
+        if line.lower().startswith("pos,"):
+            continue                                            # header
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            vals = [int(p) for p in parts]
+        except ValueError:
+            raise TraceError(f"{path}:{lineno}: not a trace row (want integers pos,layer,id0,...): "
+                             f"{line[:60]!r}") from None
+        if len(vals) < 3:
+            raise TraceError(f"{path}:{lineno}: a row needs pos, layer and at least one expert id")
+        if k is None:
+            k = len(vals) - 2
+        elif len(vals) - 2 != k:
+            raise TraceError(f"{path}:{lineno}: {len(vals) - 2} expert ids, earlier rows have {k}")
+        p, il, e = vals[0], vals[1], vals[2:]
+        if not -(1 << 40) < p < (1 << 40):
+            raise TraceError(f"{path}:{lineno}: position {p} out of range")
+        if not 0 <= il < MAX_LAYER:
+            raise TraceError(f"{path}:{lineno}: layer {il} out of range")
+        if any(not 0 <= x < MAX_ID for x in e):
+            raise TraceError(f"{path}:{lineno}: expert id out of range in {e}")
+        pos.append(p)
+        layer.append(il)
+        ids.append(e)
+    t = (Trace(np.array(pos, np.int64), np.array(layer, np.int32), np.array(ids, np.int32), meta) if ids
+         else empty(int(meta.get("k", 1) or 1), meta))
+    for key in ("n_expert", "n_layer", "k"):
+        if key in meta:
+            try:
+                int(meta[key])
+            except ValueError:
+                raise TraceError(f"{path}: '# {key}={meta[key]}' is not a number") from None
+    if t.n_rows:
+        if "n_expert" in meta and int(t.ids.max()) >= int(meta["n_expert"]):
+            raise TraceError(f"{path}: expert id {int(t.ids.max())} >= n_expert={meta['n_expert']}")
+        if "n_layer" in meta and int(t.layer.max()) >= int(meta["n_layer"]):
+            raise TraceError(f"{path}: layer {int(t.layer.max())} >= n_layer={meta['n_layer']}")
+        if "k" in meta and int(meta["k"]) != t.k:
+            raise TraceError(f"{path}: rows carry {t.k} ids, the header says k={meta['k']}")
+    return t
+
+
+def write_csv(trace: Trace, path: Path) -> None:
+    """Atomic: a crash leaves the old file (or none), never half a profile."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            if trace.meta:
+                fh.write("# " + " ".join(f"{k}={v}" for k, v in trace.meta.items() if " " not in str(v)) + "\n")
+            fh.write("pos,layer," + ",".join(f"id{i}" for i in range(trace.k)) + "\n")
+            block = np.column_stack([trace.pos, trace.layer, trace.ids]) if trace.n_rows else np.zeros((0, 2))
+            np.savetxt(fh, block, fmt="%d", delimiter=",")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_compatible(a: Trace, b: Trace, what_a: str, what_b: str) -> None:
+    """Same model shape, or a TraceError naming both shapes."""
+    for key in ("arch", "n_layer", "n_expert", "k"):
+        va = a.meta.get(key) if key != "k" else str(a.k)
+        vb = b.meta.get(key) if key != "k" else str(b.k)
+        if va is not None and vb is not None and str(va) != str(vb):
+            raise TraceError(f"{what_a} ({a.shape_text()}, {a.meta.get('arch', '?')}) and {what_b} "
+                             f"({b.shape_text()}, {b.meta.get('arch', '?')}) come from different models ({key})")
+
+
+def merge(traces: list[Trace], names: list[str]) -> Trace:
+    """Concatenation (design §5), after checking that every input comes from the same model."""
+    if not traces:
+        raise TraceError("nothing to merge")
+    for t, n in zip(traces[1:], names[1:]):
+        check_compatible(traces[0], t, names[0], n)
+    meta = dict(traces[0].meta)
+    meta.pop("tokens", None)
+    meta["tokens"] = str(sum(t.decode_tokens for t in traces))
+    return Trace(np.concatenate([t.pos for t in traces]), np.concatenate([t.layer for t in traces]),
+                 np.concatenate([t.ids for t in traces]), meta)
