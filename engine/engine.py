@@ -103,6 +103,46 @@ class Snapshot:
     generating: bool
 
 
+def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
+    """Per trunk MoE layer the top-`slots` decode experts of the profile; "auto": the most slots whose packs fit the
+    GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes."""
+    from moeslots.profiles.plan import auto_slots, plan_from_counts
+    from moeslots.profiles.profile import from_trace
+    from moeslots.profiles.trace import TraceError, read_csv
+
+    f = model.facts
+    try:
+        t = read_csv(profile)
+    except TraceError as e:
+        raise EngineError(str(e)) from None
+    want = {"n_layer": model.n_layer_all, "n_expert": f.n_expert, "k": f.n_expert_used}
+    have = {"n_layer": int(t.meta.get("n_layer", t.n_layer)), "n_expert": int(t.meta.get("n_expert", t.n_expert)),
+            "k": t.k}
+    if have["n_expert"] > want["n_expert"] or have["k"] != want["k"] or have["n_layer"] > want["n_layer"] or \
+            t.meta.get("arch", f.arch) != f.arch:
+        raise EngineError(f"{profile} was recorded on another model ({t.meta.get('arch', '?')}, {t.shape_text()}); "
+                          f"this one is {f.arch}, {want['n_layer']} layers x {want['n_expert']} experts, "
+                          f"k={want['k']}")
+    layers = [il for il in f.moe_layers if il < f.n_layer]
+    if slots == "auto":
+        if pack_host:
+            n = f.n_expert // 2
+        else:
+            gpus = native.gpus()
+            if not gpus:
+                raise EngineError("--slots auto: no GPU, so no slots (experts run on the CPU)")
+            n = auto_slots(max(g.free for g in gpus), len(layers), f.slab_bytes, f.n_expert)
+    else:
+        try:
+            n = int(slots)
+        except ValueError:
+            raise EngineError(f"--slots takes a number or 'auto', not {slots!r}") from None
+        if not 0 <= n <= f.n_expert:
+            raise EngineError(f"--slots {n}: the model has {f.n_expert} experts per layer")
+    counts = from_trace(t, model.n_layer_all, f.n_expert).counts
+    return SlotPlan(plan_from_counts(counts, n, layers))
+
+
 def render_chat(model: Model, messages: Sequence[Message]) -> str:
     """The model's own chat template (Jinja, from the GGUF), with the generation prompt appended."""
     import jinja2
@@ -138,7 +178,11 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         self.load_line = "expert cache: off"
         if cfg.slots not in (None, 0):
-            self.set_slots(cfg.slots)
+            try:
+                self.set_slots(cfg.slots)
+            except BaseException:
+                self.close()
+                raise
 
     # -- slots -----------------------------------------------------------------------------------------------
 
@@ -171,7 +215,7 @@ class Engine:
         if self.cfg.profile is None:
             raise EngineError(f"--slots {p} needs a profile to choose the experts: record one with "
                               "`moeslots record MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
-        raise EngineError("slot plans from profiles arrive with the profiles package (moeslots.profiles)")
+        return plan_from_profile(self.model, Path(self.cfg.profile), p, pack_host=self.cfg.pack_host)
 
     # -- chat ------------------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class ModelFacts:
     n_expert_used: int
     n_dense_lead: int
     name: str
+    slab_bytes: int = 0    # bytes of one expert (gate + up + down, or gate_up + down) in the first MoE layer
 
     @property
     def moe_layers(self) -> list[int]:
@@ -72,6 +73,11 @@ def inspect_gguf(path: Path) -> ModelFacts:
         n_nextn = int(get(f"{arch}.nextn_predict_layers", 0) or 0)
         n_dense = int(get(f"{arch}.leading_dense_block_count", 0) or 0)
         name = str(get("general.name", path.stem))
+        first = n_dense
+        slab = 0
+        for t in r.tensors:
+            if t.name.startswith(f"blk.{first}.ffn_") and "_exps." in t.name and n_expert > 0:
+                slab += int(t.n_bytes) // n_expert
     except Exception as e:  # noqa: BLE001 - any parse failure of a damaged file is the same user error
         raise ModelError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
     if not arch:
@@ -79,7 +85,7 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if n_expert <= 0 or n_used <= 0:
         raise ModelError(f"{path} is a dense model (arch {arch}, no experts): moeslots needs a "
                          "Mixture-of-Experts GGUF")
-    return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name)
+    return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name, slab)
 
 
 @dataclasses.dataclass

@@ -81,3 +81,28 @@ def test_a_failed_reconfigure_keeps_the_previous_plan(engine: Engine) -> None:
         engine.set_slots(SlotPlan({1: (2, 2)}))
     assert "4 slots" in engine.load_line
     _reply(engine, [Message("user", "still here?")])
+
+
+def test_slots_from_a_recorded_profile(tiny_glm: Path, tmp_path: Path) -> None:
+    from moeslots.profiles.record import record
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("def route(x): return x")
+    prof = tmp_path / "prof.csv"
+    t = record(tiny_glm, [prompt], prof, n_decode=24, threads=2)
+    assert t.decode_tokens == 24 and prof.exists()
+    e = Engine(EngineConfig(model=tiny_glm, slots=4, profile=prof, threads=2, pack_host=True, max_tokens=8))
+    try:
+        assert "x 4 slots" in e.load_line
+        snap = e.snapshot()
+        assert all(len(ls.slot_experts) == 4 for ls in snap.layers)
+        _reply(e, [Message("user", "hi")])
+    finally:
+        e.close()
+
+
+def test_a_profile_of_another_model_is_refused(tiny_glm: Path, tmp_path: Path) -> None:
+    p = tmp_path / "other.csv"
+    p.write_text("# arch=qwen3moe n_layer=48 n_expert=128 k=8\n0,1,1,2,3,4,5,6,7,8\n")
+    with pytest.raises(EngineError, match=r"another model \(qwen3moe, 48 layers x 128 experts.*this one is glm4moe"):
+        Engine(EngineConfig(model=tiny_glm, slots=4, profile=p, threads=2, pack_host=True))

@@ -1,0 +1,146 @@
+"""Profiles: CSV round trip and clear errors (fuzzed), merge = concatenation, plans from decode rows only,
+simulator policies on traces with known answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moeslots.profiles import plan as plan_mod
+from moeslots.profiles import profile as prof
+from moeslots.profiles.simulate import CostModel, simulate, token_matrix
+from moeslots.profiles.trace import Trace, TraceError, from_rows, merge, read_csv, write_csv
+
+
+def _trace(seq: list[list[int]], layer: int = 0, meta: dict | None = None, prompt: list[list[int]] = ()) -> Trace:
+    rows = [(-(i + 1), layer, ids) for i, ids in enumerate(prompt)] + [(t, layer, ids) for t, ids in enumerate(seq)]
+    return from_rows(rows, meta or {})
+
+
+def test_round_trip_and_fork_format(tmp_path: Path) -> None:
+    t = from_rows([(-1, 1, [3, 4]), (0, 1, [1, 2]), (0, 2, [5, 6]), (1, 1, [1, 7])],
+                  {"arch": "glm4moe", "n_layer": "4", "n_expert": "8", "k": "2"})
+    p = tmp_path / "a.csv"
+    write_csv(t, p)
+    back = read_csv(p)
+    assert np.array_equal(back.pos, t.pos) and np.array_equal(back.ids, t.ids) and back.meta == t.meta
+    fork = tmp_path / "fork.csv"                       # no '#' lines, no header: the fork's llama-moe-trace output
+    fork.write_text("0,1,3,4\n0,2,1,0\n1,1,3,5\n")
+    f = read_csv(fork)
+    assert f.n_rows == 3 and f.k == 2 and f.decode_tokens == 2 and f.n_expert == 6
+
+
+def test_atomic_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "keep.csv"
+    write_csv(_trace([[1, 2]]), p)
+    before = p.read_text()
+    monkeypatch.setattr(np, "savetxt", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        write_csv(_trace([[3, 4]]), p)
+    assert p.read_text() == before and len(list(tmp_path.iterdir())) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="0123456789,-# \nx", max_size=40), max_size=8))
+def test_reader_fuzz_gives_trace_errors_only(tmp_path_factory: pytest.TempPathFactory, lines: list[str]) -> None:
+    p = tmp_path_factory.mktemp("fuzz") / "f.csv"
+    p.write_text("\n".join(lines))
+    try:
+        t = read_csv(p)
+    except TraceError as e:
+        assert str(e)
+        return
+    assert t.ids.ndim == 2 and (t.ids >= 0).all()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("0,1,2,3\n0,1,2\n", "1 expert ids, earlier rows have 2"),
+    ("0,1,2,99999999\n", "expert id out of range"),
+    ("0,1\n", "at least one expert id"),
+    ("a,b,c\n", "not a trace row"),
+    ("# n_expert=4\n0,1,2,7\n", "expert id 7 >= n_expert=4"),
+    ("0,99999,1\n", "layer 99999 out of range"),
+    ("1" * 30 + ",0,1\n", "position"),
+])
+def test_malformed_rows_name_the_line(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(TraceError, match=needle):
+        read_csv(p)
+
+
+def test_merge_is_concatenation_and_refuses_other_models() -> None:
+    a = _trace([[1, 2], [2, 3]], meta={"arch": "qwen3moe", "n_expert": "8", "n_layer": "2"})
+    b = _trace([[4, 5]], meta={"arch": "qwen3moe", "n_expert": "8", "n_layer": "2"})
+    m = merge([a, b], ["a", "b"])
+    assert np.array_equal(m.ids, np.concatenate([a.ids, b.ids])) and m.meta["tokens"] == "3"
+    c = _trace([[1, 2]], meta={"arch": "qwen3moe", "n_expert": "16", "n_layer": "2"})
+    with pytest.raises(TraceError, match=r"a \(2 layers x 8 experts.*c \(2 layers x 16 experts"):
+        merge([a, c], ["a", "c"])
+
+
+def test_plan_counts_decode_rows_only_ties_to_lower_ids_and_spreads_empty_layers() -> None:
+    t = _trace([[5, 6], [5, 7], [6, 7]], prompt=[[0, 1]] * 50, meta={"n_layer": "2", "n_expert": "8"})
+    p = prof.from_trace(t)
+    assert p.prompt_counts[0, 0] == 50 and p.counts[0, 0] == 0
+    plan = plan_mod.plan_from_counts(p.counts, 2)
+    assert plan[0] == (5, 6)                      # 5, 6 and 7 have 2 picks each: ties -> lower ids
+    assert plan[1] == (0, 4)                      # no data: even spread
+    assert plan_mod.auto_slots(free_bytes=10 << 30, n_layers=48, slab_bytes=3_060_000, n_expert=128,
+                               margin_bytes=1 << 30) == 64
+    assert plan_mod.auto_slots(1 << 29, 48, 3_060_000, 128) == 0
+
+
+def test_lru_on_cyclic_patterns() -> None:
+    thrash = _trace([[e] for e in [0, 1, 2] * 20])       # 3 experts cycling through 2 slots: LRU always misses
+    assert simulate(thrash, 2, ["lru"])[0].hit_rate == 0.0
+    pingpong = _trace([[e] for e in [0, 1] * 20])         # 2 experts, 2 slots: only the first two miss
+    r = simulate(pingpong, 2, ["lru"])[0]
+    assert r.hit_rate == pytest.approx(38 / 40) and r.uploads_per_token == pytest.approx(2 / 40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 15), min_size=2, max_size=2, unique=True), min_size=5, max_size=60),
+       st.lists(st.lists(st.integers(0, 15), min_size=2, max_size=2, unique=True), min_size=5, max_size=60),
+       st.integers(0, 16))
+def test_the_oracle_is_never_beaten_by_a_static_plan(test_seq, train_seq, slots) -> None:
+    meta = {"n_expert": "16", "n_layer": "1"}
+    res = {r.policy: r for r in simulate(_trace(test_seq, meta=meta), slots, ["static-profile", "static-oracle"],
+                                         train=_trace(train_seq, meta=meta))}
+    assert res["static-oracle"].hit_rate >= res["static-profile"].hit_rate - 1e-12
+
+
+def test_reelect_follows_a_phase_change_and_costs_uploads() -> None:
+    seq = [[0, 1]] * 64 + [[8, 9]] * 64
+    res = {r.policy: r for r in simulate(_trace(seq, meta={"n_expert": "16", "n_layer": "1"}), 2,
+                                         ["static-oracle", "reelect-16"], reelect_window=16)}
+    assert res["static-oracle"].hit_rate == pytest.approx(0.5)
+    # the first phase wins the initial (tied) plan; 16 tokens after the change the new pair takes over
+    assert res["reelect-16"].hit_rate == pytest.approx((64 + 48) / 128)
+    assert res["reelect-16"].uploads_per_token == pytest.approx(2 / 128)
+    cost = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1e9, base_ms=0.0)
+    r = simulate(_trace([[0, 1]] * 10, meta={"n_expert": "4", "n_layer": "1"}), 0, ["static-oracle"], cost=cost)[0]
+    assert r.ms_per_token == pytest.approx(2.0)          # 2 CPU picks x 1 MB at 1 GB/s
+
+
+def test_token_matrix_groups_layers() -> None:
+    t = from_rows([(0, 1, [1]), (0, 3, [2]), (1, 1, [3]), (1, 3, [4]), (2, 1, [5])])
+    layers, P = token_matrix(t)
+    assert layers == [1, 3] and P.shape == (2, 2, 1) and P[1, 1, 0] == 4
+
+
+def test_simulation_is_fast_enough() -> None:
+    import time
+
+    T, L, E, k = 2000, 40, 256, 8
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, E, (T * L, k)).astype(np.int32)
+    t = Trace(np.repeat(np.arange(T), L).astype(np.int64), np.tile(np.arange(L), T).astype(np.int32), ids,
+              {"n_expert": str(E), "n_layer": str(L)})
+    t0 = time.perf_counter()
+    simulate(t, 64)
+    assert time.perf_counter() - t0 < 10
