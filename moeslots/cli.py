@@ -181,7 +181,7 @@ def cmd_record(a: argparse.Namespace) -> int:
 
         try:
             t = rec.record(Path(a.model), [Path(f) for f in a.prompt_file], out, n_decode=a.n_predict,
-                           threads=a.threads, progress=on_progress)
+                           threads=a.threads, temperature=a.temperature, seed=a.seed, progress=on_progress)
         except KeyboardInterrupt:
             console.print(f"interrupted: what was recorded is saved in {out}" if out.exists() else "interrupted")
             return 130
@@ -375,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-n", "--n-predict", type=int, default=500, help="decode tokens per prompt")
     r.add_argument("-o", "--output", required=True)
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=cmd_record)
 
     pr = sub.add_parser("profile", help="merge or inspect profiles")

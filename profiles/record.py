@@ -20,9 +20,11 @@ class RecordProgress:
 
 
 def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decode: int = 500,
-           threads: int | None = None, n_ctx: int = 4096,
+           threads: int | None = None, n_ctx: int = 4096, temperature: float = 0.0, seed: int = 0,
            progress: Callable[[RecordProgress], None] | None = None) -> Trace:
-    """Returns the trace written to `out`. Ctrl-C (KeyboardInterrupt) saves what was recorded, then re-raises."""
+    """Returns the trace written to `out`. Ctrl-C (KeyboardInterrupt) saves what was recorded, then re-raises.
+    temperature 0 decodes greedily (what a chat would route); > 0 samples (random-weight models otherwise fall into
+    short greedy cycles whose routing repeats)."""
     from moeslots.engine.engine import Message, render_chat
     from moeslots.engine.errors import EngineError
     from moeslots.engine.model import Context, LoadOptions, Model
@@ -38,6 +40,15 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
     meta = {"arch": f.arch, "n_layer": str(model.n_layer_all), "n_expert": str(f.n_expert),
             "k": str(f.n_expert_used), "model": Path(model_path).name.replace(" ", "_")}
     chunks: list[Trace] = []
+    rng = np.random.default_rng(seed)
+
+    def pick(logits: np.ndarray) -> int:
+        if temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        return int(rng.choice(p.size, p=p / p.sum()))
+
     n_moe = len([il for il in f.moe_layers if il < f.n_layer])
     total_tokens = 0
     try:
@@ -52,7 +63,7 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
                     ctx.decode(prompt, all_logits=True, prompt=True)   # all rows output: the last layer routes them all
                     done = 0
                     for _ in range(n_decode):
-                        tok = ctx.argmax()
+                        tok = pick(ctx.logits())
                         if model.is_eog(tok) or ctx.n_past + 1 >= n_ctx:
                             break
                         ctx.decode([tok])
