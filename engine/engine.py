@@ -22,6 +22,7 @@ from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
+from moeslots.engine.mtp import MTP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,8 @@ class EngineConfig:
     n_ctx: int = 4096
     slots: Union[int, str, SlotPlan, None] = 0      # n per layer (needs a profile), "auto" (later), a plan, 0/None
     profile: Path | None = None
-    mtp: bool = True                                # (MTP arrives with its own issue; ignored until then)
+    mtp: bool = True                                # MTP drafts when the model has a NextN block (greedy only)
+    mtp_draft: int = 1                              # draft length
     async_cpu: bool = True                          # (CPU/GPU overlap arrives with its own issue)
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
@@ -161,12 +163,21 @@ class Engine:
         self.cfg = cfg
         self._lock = threading.RLock()
         self._busy = threading.Lock()
-        self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host))
+        self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
+        self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host,
+                                                  load_mtp=cfg.mtp))
+        self.mtp: MTP | None = None
         try:
             self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads)
             self.ctx.enable_stats(cfg.stats_ring)
+            if cfg.mtp and not self.model.mtp_loaded:
+                self.notices.append(f"{self.model.facts.name} has no NextN (MTP) block: decoding without MTP")
+            elif cfg.mtp and cfg.temperature > 0:
+                self.notices.append("MTP drafts are verified greedily: off while temperature > 0")
+            elif cfg.mtp:
+                self.mtp = MTP(self.model, self.ctx, n_draft=cfg.mtp_draft, threads=cfg.threads)
         except BaseException:
-            self.model.close()
+            self.close()
             raise
         self._tokens: list[int] = []                 # what the KV cache holds
         self._plan = SlotPlan({})
@@ -249,6 +260,8 @@ class Engine:
         L = m._L
         L.llama_memory_seq_rm(L.llama_get_memory(ctx.ptr), 0, p, -1)
         ctx.n_past = p
+        if self.mtp is not None:
+            self.mtp.truncate(p)
         self._tokens = toks[:p]
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
@@ -260,20 +273,32 @@ class Engine:
         text: list[str] = []
         n = 0
         cancelled = False
+        x = self._sample(ctx.logits())
         while n < max_tokens:
             if cancel.is_set():
                 cancelled = True
                 break
-            tok = self._sample(ctx.logits())
-            if m.is_eog(tok) or ctx.n_past + 1 >= ctx.n_ctx:
+            if m.is_eog(x) or ctx.n_past + 2 + (self.mtp.n_draft if self.mtp else 0) >= ctx.n_ctx:
                 break
-            piece = det.push(tok)
-            ctx.decode([tok])
-            self._tokens.append(tok)
-            n += 1
-            if piece:
-                text.append(piece)
-                yield TextDelta(piece)
+            if self.mtp is not None:
+                emitted = self.mtp.step(self._tokens, x)           # appends all but the bonus to self._tokens
+                new, x = emitted[:-1], emitted[-1]
+            else:
+                ctx.decode([x])
+                self._tokens.append(x)
+                new, x = [x], self._sample(ctx.logits())
+            for tok in new:
+                if m.is_eog(tok) or n >= max_tokens:
+                    x = tok
+                    break
+                n += 1
+                piece = det.push(tok)
+                if piece:
+                    text.append(piece)
+                    yield TextDelta(piece)
+            else:
+                continue
+            break
         rest = det.flush()
         if rest:
             text.append(rest)
@@ -303,6 +328,8 @@ class Engine:
     def new_chat(self) -> None:
         with self._busy:
             self.ctx.reset()
+            if self.mtp is not None:
+                self.mtp.truncate(0)
             self._tokens = []
 
     # -- snapshot --------------------------------------------------------------------------------------------
@@ -334,11 +361,16 @@ class Engine:
                 cpu_experts_per_token=misses / n_dec if n_dec else 0.0,
                 upload_mb_per_token=self._upload_bytes / n_dec / 1e6 if n_dec else 0.0,
                 tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
-                prompt_tok_s=self._prompt_tok_s, mtp_drafted=0, mtp_accepted=0,
+                prompt_tok_s=self._prompt_tok_s,
+                mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,
+                mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=False, generating=self._generating)
 
     def close(self) -> None:
         with self._lock:
+            if getattr(self, "mtp", None) is not None:
+                self.mtp.close()
+                self.mtp = None
             if getattr(self, "ctx", None):
                 self.ctx.close()
             self.model.close()

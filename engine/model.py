@@ -234,6 +234,7 @@ class Context:
         self.n_past = 0
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self.stats_ring = -1                    # < 0: native routing stats off
+        self.on_chunk: Callable[[int, int], None] | None = None   # after each llama_decode: (first pos, n)
 
     def enable_stats(self, ring_rows: int = 4096) -> None:
         """Native routing stats for this context (per (layer, expert) picks, hits/misses, a ring of rows)."""
@@ -294,6 +295,8 @@ class Context:
             rc = L.llama_decode(self.ptr, b)
             if rc != 0:
                 raise EngineError(f"llama_decode failed with code {rc}")
+            if self.on_chunk is not None:
+                self.on_chunk(self.n_past, len(chunk))
             self.n_past += len(chunk)
 
     def logits(self, i: int = -1) -> np.ndarray:

@@ -106,3 +106,25 @@ def test_a_profile_of_another_model_is_refused(tiny_glm: Path, tmp_path: Path) -
     p.write_text("# arch=qwen3moe n_layer=48 n_expert=128 k=8\n0,1,1,2,3,4,5,6,7,8\n")
     with pytest.raises(EngineError, match=r"another model \(qwen3moe, 48 layers x 128 experts.*this one is glm4moe"):
         Engine(EngineConfig(model=tiny_glm, slots=4, profile=p, threads=2, pack_host=True))
+
+
+def test_mtp_chat_equals_plain_chat(tiny_glm: Path, tiny_qwen: Path) -> None:
+    msgs = [Message("user", "hello experts")]
+    texts = {}
+    for mtp in (False, True):
+        e = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=32, mtp=mtp,
+                                mtp_draft=2))
+        try:
+            t1, _ = _reply(e, msgs)
+            t2, _ = _reply(e, msgs + [Message("assistant", t1), Message("user", "more")])
+            texts[mtp] = (t1, t2)
+            snap = e.snapshot()
+            assert (snap.mtp_drafted > 0) == mtp
+        finally:
+            e.close()
+    assert texts[False] == texts[True]
+    e = Engine(EngineConfig(model=tiny_qwen, threads=2, pack_host=True))
+    try:
+        assert e.mtp is None and any("no NextN (MTP) block" in n for n in e.notices)
+    finally:
+        e.close()

@@ -1,0 +1,193 @@
+"""MTP speculative decoding (greedy) over two contexts on one model loaded with load_mtp=True: the target and a
+LLAMA_CONTEXT_TYPE_MTP draft context whose KV holds only the NextN block.
+
+The draft at position p reads the pair (target hidden state h[p-1], token p). We keep h for every position the
+target has decoded, so a new chat turn, a rollback or a cancel only truncates both KV caches and re-feeds the
+draft from the kept states. Verification: the target decodes [x, d1..dN]; the longest prefix of drafts that equal
+the target's own argmax is accepted, plus the target's next token, so the output is the target's greedy text.
+The draft context reads the model's expert cache (the NextN block may hold slots) but never configures, frees or
+counts it: the cache belongs to the model, stats to the target context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from moeslots.engine import native
+from moeslots.engine.errors import EngineError
+from moeslots.engine.model import Context, Model, default_threads
+
+
+@dataclasses.dataclass
+class MTPStats:
+    steps: int = 0          # target verify steps
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0         # tokens emitted by steps
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+def _ext():  # noqa: ANN202
+    import llama_cpp.llama_cpp_ext as ext  # type: ignore[import-not-found]
+
+    return ext
+
+
+class MTP:
+    def __init__(self, model: Model, target: Context, n_draft: int = 1, threads: int | None = None):
+        if not model.mtp_loaded:
+            raise EngineError("MTP needs the model loaded with its NextN block (load_mtp)")
+        if not 1 <= n_draft <= 7:
+            raise EngineError("draft length must be 1..7 (verify batches stay below the cache's batch limit)")
+        L = native.llama()
+        self.L, self.model, self.target, self.n_draft = L, model, target, n_draft
+        cp = L.llama_context_default_params()
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = cp.n_ubatch = target.n_batch
+        cp.n_threads = cp.n_threads_batch = threads or default_threads()
+        cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        cp.ctx_other = target.ptr
+        cp.no_perf = True
+        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise EngineError(f"could not create the MTP draft context: {native.recent_log(3).strip()}")
+        ext = _ext()
+        ext.llama_set_embeddings_nextn(target.ptr, True, False)   # one h row per target batch token
+        ext.llama_set_embeddings_nextn(self.ptr, True, True)      # draft: h rows for output rows
+        self.n_embd = model.n_embd
+        self.h = np.zeros((target.n_ctx + 1, self.n_embd), np.float32)   # h[p]: target hidden state at position p
+        self.fed = 0                                                      # draft KV holds positions < fed
+        self.n_batch = target.n_batch
+        self._batch = L.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tok = (L.llama_token * self.n_batch)()
+        self._batch.token = ctypes.cast(self._tok, ctypes.POINTER(L.llama_token))
+        self.stats = MTPStats()
+        target.on_chunk = self._after_target_chunk
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.target.on_chunk = None
+            self._batch.token = ctypes.POINTER(self.L.llama_token)()   # ours: llama_batch_free must not free it
+            self.L.llama_batch_free(self._batch)
+            self.L.llama_free(self.ptr)
+            self.ptr = None
+
+    # -- keeping the draft in step with the target -------------------------------------------------------------
+
+    def _after_target_chunk(self, pos0: int, n: int) -> None:
+        """Called by Context.decode after each target chunk: keep its h rows."""
+        p = _ext().llama_get_embeddings_nextn(self.target.ptr)
+        self.h[pos0:pos0 + n] = np.ctypeslib.as_array(p, shape=(n, self.n_embd))
+
+    def truncate(self, pos: int) -> None:
+        """Forget draft positions >= pos (drafts just made, a rollback, a cancel or a new turn)."""
+        if not self.L.llama_memory_seq_rm(self.L.llama_get_memory(self.ptr), 0, pos, -1):
+            raise EngineError("the MTP draft context could not roll back its KV cache")
+        self.fed = min(self.fed, pos)
+
+    def feed(self, tokens: Sequence[int], upto: int) -> None:
+        """Feed draft rows for positions fed..upto-1 (token p with h[p-1]); tokens[p] is the token at p."""
+        L, b = self.L, self._batch
+        while self.fed < upto:
+            n = min(self.n_batch, upto - self.fed)
+            b.n_tokens = n
+            for i in range(n):
+                p = self.fed + i
+                self._tok[i] = tokens[p]
+                b.pos[i] = p
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 0
+            emb = np.zeros((n, self.n_embd), np.float32)
+            lo = self.fed
+            if lo == 0:
+                emb[1:] = self.h[0:n - 1]
+            else:
+                emb[:] = self.h[lo - 1:lo - 1 + n]
+            ctypes.memmove(b.embd, emb.ctypes.data, emb.nbytes)
+            rc = L.llama_decode(self.ptr, b)
+            if rc != 0:
+                raise EngineError(f"MTP draft decode failed ({rc})")
+            self.fed += n
+
+    def _draft_one(self, token: int, pos: int, h: np.ndarray) -> tuple[int, np.ndarray]:
+        L, b = self.L, self._batch
+        b.n_tokens = 1
+        self._tok[0] = token
+        b.pos[0] = pos
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = 0
+        b.logits[0] = 1
+        ctypes.memmove(b.embd, np.ascontiguousarray(h, np.float32).ctypes.data, self.n_embd * 4)
+        rc = L.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise EngineError(f"MTP draft decode failed ({rc})")
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ptr, -1), shape=(self.model.n_vocab,))
+        h_next = np.ctypeslib.as_array(_ext().llama_get_embeddings_nextn_ith(self.ptr, 0), shape=(self.n_embd,))
+        return int(np.argmax(logits)), h_next.copy()
+
+    # -- one speculative step ------------------------------------------------------------------------------------
+
+    def step(self, history: list[int], x: int) -> list[int]:
+        """history: tokens at positions 0..n-1 (all decoded by the target); x: the target's greedy token at n.
+        Drafts, verifies, rolls back, and returns the emitted tokens [x, accepted drafts..., bonus]; history is
+        extended with all but the last (the bonus is the next step's x)."""
+        ctx = self.target
+        n = ctx.n_past
+        assert n == len(history), (n, len(history))
+        self.feed(history, n)                                  # draft KV covers 0..n-1
+        drafts: list[int] = []
+        h = self.h[n - 1] if n > 0 else np.zeros(self.n_embd, np.float32)
+        tok, pos = x, n
+        budget = min(self.n_draft, ctx.n_ctx - n - 2)
+        for _ in range(max(0, budget)):
+            d, h = self._draft_one(tok, pos, h)
+            drafts.append(d)
+            tok, pos = d, pos + 1
+        self.truncate(n)                                       # draft rows are re-fed from the target's states
+        ctx.decode([x] + drafts, all_logits=True)
+        ys = [ctx.argmax(i) for i in range(len(drafts) + 1)]
+        a = 0
+        while a < len(drafts) and drafts[a] == ys[a]:
+            a += 1
+        keep = n + 1 + a
+        if keep < ctx.n_past:
+            self.L.llama_memory_seq_rm(self.L.llama_get_memory(ctx.ptr), 0, keep, -1)
+            ctx.n_past = keep
+        out = [x] + drafts[:a] + [ys[a]]
+        history.extend(out[:-1])
+        self.stats.steps += 1
+        self.stats.drafted += len(drafts)
+        self.stats.accepted += a
+        self.stats.tokens += len(out) - 1
+        return out
+
+
+def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Callable[[int], bool]) -> list[int]:
+    """Greedy generation with MTP drafts: the same tokens as plain greedy decoding of the target."""
+    ctx = mtp.target
+    ctx.reset()
+    mtp.truncate(0)
+    ctx.decode(list(prompt), prompt=True)
+    history = list(prompt)
+    x = ctx.argmax()
+    out: list[int] = []
+    while len(out) < n_predict and not is_eog(x) and ctx.n_past + mtp.n_draft + 2 < ctx.n_ctx:
+        emitted = mtp.step(history, x)
+        for t in emitted[:-1]:
+            if is_eog(t) or len(out) >= n_predict:
+                return out
+            out.append(t)
+        x = emitted[-1]
+    return out

@@ -1,0 +1,82 @@
+"""MTP on the synthetic glm4moe + NextN model: greedy output identical to plain greedy (cache off and on, draft
+lengths 1-3), the const-head model accepts every draft, a model without NextN says so, a cancelled/rolled-back
+state leaves the next generation exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moeslots.engine import synth
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.errors import EngineError
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.mtp import MTP, greedy_tokens
+from specs import TINY_GLM
+
+PROMPT_TEXT = "The expert cache keeps a fixed set"
+
+
+def plain_greedy(ctx: Context, prompt: list[int], n: int, is_eog) -> list[int]:  # noqa: ANN001
+    ctx.reset()
+    ctx.decode(prompt, prompt=True)
+    out = []
+    for _ in range(n):
+        t = ctx.argmax()
+        if is_eog(t):
+            break
+        out.append(t)
+        ctx.decode([t])
+    return out
+
+
+@pytest.mark.parametrize("n_draft", [1, 3])
+@pytest.mark.parametrize("slots", [0, 6])
+def test_mtp_greedy_equals_plain_greedy(tiny_glm: Path, n_draft: int, slots: int) -> None:
+    with Model(tiny_glm, LoadOptions(load_mtp=True, extra_bufts=False)) as m:
+        if slots:
+            m.set_slots(SlotPlan.uniform(m.facts.moe_layers, slots, m.facts.n_expert), pack_host=True)  # NextN too
+        with Context(m, n_ctx=256, threads=2) as ctx:
+            prompt = m.tokenize(PROMPT_TEXT)
+            ref = plain_greedy(ctx, prompt, 40, m.is_eog)
+            mtp = MTP(m, ctx, n_draft=n_draft, threads=2)
+            try:
+                got = greedy_tokens(mtp, prompt, 40, m.is_eog)
+                again = greedy_tokens(mtp, prompt, 40, m.is_eog)       # reused contexts: state fully reset
+            finally:
+                mtp.close()
+        assert got == ref == again
+        assert mtp.stats.drafted > 0 and mtp.stats.steps > 0
+
+
+def test_const_head_accepts_everything(models_dir: Path) -> None:
+    spec = synth.SynthSpec(**{**TINY_GLM.__dict__, "const_head": True, "seed": 21})
+    p = synth.write_model(spec, models_dir / "const-head-mtp.gguf").path
+    with Model(p, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        mtp = MTP(m, ctx, n_draft=3, threads=2)
+        try:
+            out = greedy_tokens(mtp, m.tokenize("hello"), 30, lambda t: False)
+        finally:
+            mtp.close()
+        assert len(out) == 30
+        assert mtp.stats.acceptance == 1.0 and mtp.stats.tokens_per_step == pytest.approx(4.0, rel=0.3)
+
+
+def test_model_without_nextn_is_refused(tiny_qwen: Path) -> None:
+    with Model(tiny_qwen, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=64, threads=2) as ctx:
+        assert not m.mtp_loaded
+        with pytest.raises(EngineError, match="NextN"):
+            MTP(m, ctx)
+
+
+def test_a_rolled_back_step_leaves_the_next_generation_exact(tiny_glm: Path) -> None:
+    with Model(tiny_glm, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        prompt = m.tokenize(PROMPT_TEXT)
+        ref = plain_greedy(ctx, prompt, 24, m.is_eog)
+        mtp = MTP(m, ctx, n_draft=3, threads=2)
+        try:
+            greedy_tokens(mtp, m.tokenize("something else entirely"), 7, m.is_eog)   # stop mid-way ("cancel")
+            assert greedy_tokens(mtp, prompt, 24, m.is_eog) == ref
+        finally:
+            mtp.close()
