@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
 from moeslots.engine.mtp import MTP
+
+if TYPE_CHECKING:
+    from moeslots.profiles.trace import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,7 @@ class EngineConfig:
     async_cpu: bool = True                          # (CPU/GPU overlap arrives with its own issue)
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
-    stats_ring: int = 4096
+    stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -188,6 +191,8 @@ class Engine:
         self._generating = False
         self._rng = np.random.default_rng(cfg.seed)
         self.load_line = "expert cache: off"
+        self._rec: list[np.ndarray] | None = None   # routing rows recorded so far (while recording)
+        self._rec_tokens = 0
         if cfg.slots not in (None, 0):
             try:
                 self.set_slots(cfg.slots)
@@ -263,6 +268,7 @@ class Engine:
         if self.mtp is not None:
             self.mtp.truncate(p)
         self._tokens = toks[:p]
+        st_before = ctx.read_stats() if self._rec is not None else None
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
         self._tokens = list(toks)
@@ -305,6 +311,8 @@ class Engine:
             yield TextDelta(rest)
         t2 = time.perf_counter()
         st1 = ctx.read_stats()
+        if self._rec is not None and st_before is not None:
+            self._keep_recorded_rows(st_before, st1, n, end=len(toks) + n)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
         with self._lock:
@@ -331,6 +339,57 @@ class Engine:
             if self.mtp is not None:
                 self.mtp.truncate(0)
             self._tokens = []
+
+    # -- recording -------------------------------------------------------------------------------------------
+
+    def start_recording(self) -> None:
+        with self._lock:
+            self._rec, self._rec_tokens = [], 0
+
+    @property
+    def recording(self) -> bool:
+        return self._rec is not None
+
+    @property
+    def recorded_tokens(self) -> int:
+        return self._rec_tokens
+
+    def _keep_recorded_rows(self, before: "stats_mod.RoutingStats", after: "stats_mod.RoutingStats",
+                            n_decoded: int, end: int) -> None:
+        """The rows this turn wrote (prompt rows of the new prompt part and decode rows) from the ring; MTP verify
+        rows of rejected drafts are dropped by keeping the last row of each (pos, layer), and rows past the last
+        shown token (`end`) too."""
+        k = self.model.facts.n_expert_used
+        total = lambda st: int(st.picks_prompt.sum() + st.picks_decode.sum()) // k  # noqa: E731
+        n_new = min(total(after) - total(before), len(after.ring))
+        if n_new <= 0:
+            return
+        rows = after.ring[-n_new:]
+        rows = rows[rows[:, 0] < end]
+        key = rows[:, 0].astype(np.int64) * 4096 + rows[:, 1]
+        _, last = np.unique(key[::-1], return_index=True)
+        keep = np.sort(len(key) - 1 - last)
+        with self._lock:
+            assert self._rec is not None
+            self._rec.append(rows[keep])
+            self._rec_tokens += n_decoded
+
+    def stop_recording(self, path: Path) -> "Trace":
+        """Write what was recorded (atomically) and stop; returns the trace."""
+        from moeslots.profiles.trace import Trace, write_csv
+
+        with self._lock:
+            rec, self._rec = self._rec, None
+        if rec is None:
+            raise EngineError("not recording")
+        f = self.model.facts
+        rows = np.concatenate(rec) if rec else np.zeros((0, 2 + f.n_expert_used), np.int32)
+        meta = {"arch": f.arch, "n_layer": str(self.model.n_layer_all), "n_expert": str(f.n_expert),
+                "k": str(f.n_expert_used), "model": Path(f.path).name.replace(" ", "_"),
+                "tokens": str(self._rec_tokens)}
+        t = Trace(rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int32), rows[:, 2:].astype(np.int32), meta)
+        write_csv(t, Path(path))
+        return t
 
     # -- snapshot --------------------------------------------------------------------------------------------
 
@@ -364,7 +423,8 @@ class Engine:
                 prompt_tok_s=self._prompt_tok_s,
                 mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
-                pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=False, generating=self._generating)
+                pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
+                generating=self._generating)
 
     def close(self) -> None:
         with self._lock:

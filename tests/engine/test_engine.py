@@ -128,3 +128,20 @@ def test_mtp_chat_equals_plain_chat(tiny_glm: Path, tiny_qwen: Path) -> None:
         assert e.mtp is None and any("no NextN (MTP) block" in n for n in e.notices)
     finally:
         e.close()
+
+
+def test_recording_writes_the_turns_routing(engine: Engine, tmp_path: Path) -> None:
+    from moeslots.profiles.trace import read_csv
+
+    engine.start_recording()
+    assert engine.snapshot().recording
+    _, d = _reply(engine, [Message("user", "record me")])
+    t = engine.stop_recording(tmp_path / "rec.csv")
+    back = read_csv(tmp_path / "rec.csv")
+    f = engine.model.facts
+    trunk = [il for il in f.moe_layers if il < f.n_layer]
+    assert back.n_rows == t.n_rows and back.meta["n_expert"] == str(f.n_expert)
+    assert back.decode_tokens == d.stats.tokens                     # one decode row per token and layer
+    assert int((~back.decode).sum()) == d.stats.prompt_tokens * len(trunk)
+    assert sorted(set(back.layer.tolist())) == trunk
+    assert not engine.snapshot().recording
