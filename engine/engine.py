@@ -106,6 +106,7 @@ class Snapshot:
     pack_bytes: int
     recording: bool
     generating: bool
+    whatif: str = ""                      # hit % the same slots would get with LRU / re-elect on the recent window
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
@@ -192,6 +193,7 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         self.load_line = "expert cache: off"
         self._rec: list[np.ndarray] | None = None   # routing rows recorded so far (while recording)
+        self._whatif = ("", -1, 0.0)                # (line, decode tokens it was computed at, time)
         self._rec_tokens = 0
         if cfg.slots not in (None, 0):
             try:
@@ -415,8 +417,9 @@ class Engine:
                     int(st.hits[il]) / tot if tot else 0.0, (rtot - r_hit) / rtot if rtot else 0.0))
             n_dec = self._decode_tokens
             misses = int(st.misses.sum())
+            whatif = self._whatif_line(st, plan, n_dec)
             return Snapshot(
-                model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
+                whatif=whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
                 cpu_experts_per_token=misses / n_dec if n_dec else 0.0,
                 upload_mb_per_token=self._upload_bytes / n_dec / 1e6 if n_dec else 0.0,
                 tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
@@ -425,6 +428,30 @@ class Engine:
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating)
+
+    def _whatif_line(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> str:
+        """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same
+        slots. Recomputed at most every 2 s and after 16 new decode tokens (it is a Python loop over tokens)."""
+        line, at, when = self._whatif
+        if n_dec == at or (n_dec - at < 16 and time.monotonic() - when < 2.0) or not plan.layers:
+            return line
+        from moeslots.profiles.simulate import simulate
+        from moeslots.profiles.trace import Trace
+
+        ring = st.ring[st.ring[:, 0] >= 0][-256 * max(1, len(plan.layers)):]
+        if len(ring) < 8:
+            return line
+        slots = len(next(iter(plan.layers.values())))
+        t = Trace(ring[:, 0].astype(np.int64), ring[:, 1].astype(np.int32), ring[:, 2:].astype(np.int32),
+                  {"n_expert": str(self.model.facts.n_expert)})
+        try:
+            res = {r.policy: r.hit_rate for r in simulate(t, slots, ["lru", "reelect-16"])}
+        except ValueError:
+            return line
+        line = (f"what-if @{slots}: static {100 * st.hit_rate:.0f} %  lru {100 * res['lru']:.0f} %  "
+                f"re-elect {100 * res['reelect-16']:.0f} %")
+        self._whatif = (line, n_dec, time.monotonic())
+        return line
 
     def close(self) -> None:
         with self._lock:

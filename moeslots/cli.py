@@ -281,23 +281,85 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    """Until the TUI lands: write the default synthetic model on first use and stream greedy text from it."""
+    """Greedy text from the synthetic demo model (written on first use), without the app."""
     from moeslots.engine import native, synth
 
     native.require_patched()
     path = synth.default_demo_model()
     ns = argparse.Namespace(model=str(path), prompt=a.prompt, n_predict=a.n_predict, ctx=1024, threads=None,
                             experts_on_gpu=False, gpu_layers=-1, quiet=False)
-    print(f"[moeslots demo: greedy text from the synthetic model {path}; the chat app arrives with the TUI]",
-          file=sys.stderr)
+    print(f"[moeslots demo: greedy text from the synthetic model {path}]", file=sys.stderr)
     return cmd_generate(ns)
+
+
+def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
+                 ctx: int) -> "object":
+    from moeslots.engine import native
+    from moeslots.engine.engine import Engine, EngineConfig
+
+    native.require_patched()
+    if slots is None:
+        slots = "auto" if profile else "0"
+    n_or_auto: int | str = slots if slots == "auto" else _int_arg("--slots", slots)
+    pack_host = not native.gpus()
+    eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
+                              pack_host=pack_host))
+    if pack_host and n_or_auto not in (0, "0"):
+        eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
+    return eng
+
+
+def _int_arg(flag: str, v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise UserError(f"{flag} takes a number or 'auto', not {v!r}") from None
+
+
+def _run_app(eng: "object", model_name: str) -> int:
+    from moeslots.tui.app import MoeslotsApp, load_keymap
+
+    try:
+        keymap = load_keymap()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        MoeslotsApp(eng, model_name=model_name, keymap=keymap).run()  # type: ignore[arg-type]
+    finally:
+        eng.close()  # type: ignore[attr-defined]
+    return 0
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    eng = _open_engine(Path(a.model), Path(a.profile) if a.profile else None, a.slots, not a.no_mtp, a.threads, a.ctx)
+    return _run_app(eng, Path(a.model).name)
+
+
+def cmd_app(a: argparse.Namespace) -> int:
+    """`moeslots` alone: the app on the default model (the synthetic demo until the trained model is bundled),
+    with a demo profile recorded on first use."""
+    from moeslots.engine import native, synth
+
+    native.require_patched()
+    path = synth.default_demo_model()
+    prof = path.with_suffix(".profile.csv")
+    if not prof.exists():
+        from moeslots.profiles.record import record
+
+        tmp = path.parent / "demo-prompt.txt"
+        tmp.write_text("Explain how an expert cache keeps the most used experts on the GPU.")
+        print("recording a demo profile (first start only)...", file=sys.stderr)
+        record(path, [tmp], prof, n_decode=128, temperature=1.0)
+    eng = _open_engine(path, prof, str(synth.DEMO_SPEC.n_expert // 4), True, None, 2048)
+    return _run_app(eng, path.name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moeslots", description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(prog="moeslots", description="moeslots: a terminal chat for local MoE LLMs that "
+                                "keeps a profile-chosen set of experts per layer in VRAM")
     p.add_argument("--version", action="version", version="moeslots 0.1.0")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -407,7 +469,19 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--base-ms", type=float, default=3.0, help="non-expert time per token")
     si.set_defaults(func=cmd_simulate)
 
-    m = sub.add_parser("demo", help="(default) greedy text from the bundled synthetic model")
+    c = sub.add_parser("chat", help="the chat app on MODEL with the expert cache")
+    c.add_argument("model")
+    c.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
+    c.add_argument("--slots", help="slots per layer, or 'auto' (default: auto with a profile, else 0)")
+    c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--ctx", type=int, default=4096)
+    c.set_defaults(func=cmd_chat)
+
+    ap = sub.add_parser("app", help="(default) the chat app on the default model")
+    ap.set_defaults(func=cmd_app)
+
+    m = sub.add_parser("demo", help="greedy text from the synthetic demo model, without the app")
     m.add_argument("-p", "--prompt", default="The expert cache")
     m.add_argument("-n", "--n-predict", type=int, default=48)
     m.set_defaults(func=cmd_demo)
@@ -421,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.cmd is None:
-        a = parser.parse_args(["demo", *(argv or [])])
+        a = parser.parse_args(["app"])
     try:
         return a.func(a)
     except KeyboardInterrupt:

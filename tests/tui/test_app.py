@@ -1,0 +1,203 @@
+"""The app against a scripted fake engine (UI behaviour) and once against the real engine on a tiny model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from moeslots.engine.engine import Done, LayerSnapshot, Snapshot, TextDelta, TurnStats
+from moeslots.tui.app import MoeslotsApp, Prompt
+from moeslots.tui.store import Store
+from moeslots.tui.widgets.heatmap import SlotHeatmap
+
+
+class FakeEngine:
+    """Scripted replies and snapshots (tests only)."""
+
+    def __init__(self, reply: str = "Hello **there**, this is a reply.", delay: float = 0.0):
+        self.reply, self.delay = reply, delay
+        self.load_line = "expert cache: 2 layers x 4 slots, 1.0 MiB uploaded to host memory"
+        self.notices: list[str] = []
+        self.slots = 4
+        self.recording = False
+        self.recorded_tokens = 0
+        self.seen: list = []
+
+    def chat(self, messages, cancel=None):  # noqa: ANN001
+        self.seen.append(list(messages))
+        words = self.reply.split(" ")
+        out = []
+        for i, w in enumerate(words):
+            if cancel is not None and cancel.is_set():
+                break
+            if self.delay:
+                time.sleep(self.delay)
+            piece = (" " if i else "") + w
+            out.append(piece)
+            yield TextDelta(piece)
+        yield Done(TurnStats(5, 0.01, len(out), 0.1, cancel is not None and cancel.is_set(), 0.5), "".join(out))
+
+    def snapshot(self) -> Snapshot:
+        layers = tuple(LayerSnapshot(il, tuple(range(self.slots)), tuple(range(self.slots, 0, -1)),
+                                     tuple([10] * self.slots), 0.5, 0.4) for il in (1, 2))
+        return Snapshot("fake", self.load_line, layers, 0.6, 3.2, 0.0, 42.0, (30.0, 42.0), 500.0, 10, 7,
+                        1 << 20, self.recording, False, "what-if @4: static 60 %  lru 40 %  re-elect 55 %")
+
+    def set_slots(self, n):  # noqa: ANN001
+        if n == 99:
+            raise ValueError("99 slots: the model has 16 experts")
+        self.slots = n
+        self.load_line = f"expert cache: 2 layers x {n} slots"
+        return self.load_line
+
+    def start_recording(self) -> None:
+        self.recording = True
+
+    def stop_recording(self, path: Path):  # noqa: ANN201
+        self.recording = False
+        path.write_text("pos,layer,id0\n0,1,2\n")
+        from moeslots.profiles.trace import read_csv
+
+        return read_csv(path)
+
+    def new_chat(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "chats.sqlite")
+
+
+async def _wait(pilot, cond, timeout: float = 5.0) -> None:  # noqa: ANN001
+    t0 = time.monotonic()
+    while not cond():
+        await pilot.pause(0.05)
+        assert time.monotonic() - t0 < timeout, "timed out"
+
+
+async def test_send_streams_and_persists(store: Store) -> None:
+    eng = FakeEngine()
+    app = MoeslotsApp(eng, store=store, model_name="fake.gguf")
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.query_one(Prompt).text = "hi there"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2)
+        assert store.messages(app.chat_id) == [("user", "hi there"), ("assistant", eng.reply)]
+        assert app.query_one(Prompt).text == ""
+        assert eng.seen[0][-1].content == "hi there"
+    # reopened: the history is back
+    app2 = MoeslotsApp(FakeEngine(), store=store)
+    async with app2.run_test(size=(140, 40)) as pilot:
+        await pilot.pause()
+        assert len(list(app2.query("ChatMessage"))) == 2
+
+
+async def test_shift_enter_and_ctrl_j_insert_newlines(store: Store) -> None:
+    app = MoeslotsApp(FakeEngine(), store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.query_one(Prompt).text == "a\nb"
+        assert store.messages(app.chat_id) == []
+
+
+async def test_escape_stops_and_restores_the_prompt(store: Store) -> None:
+    eng = FakeEngine(reply=" ".join(["word"] * 200), delay=0.02)
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.query_one(Prompt).text = "long answer please"
+        await pilot.press("enter")
+        await pilot.pause(0.15)
+        await pilot.press("escape")
+        await _wait(pilot, lambda: not app._generating)
+        msgs = store.messages(app.chat_id)
+        assert msgs[0] == ("user", "long answer please")
+        assert len(msgs) == 2 and 0 < len(msgs[1][1].split()) < 200      # the partial answer is kept
+
+
+async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
+    eng = FakeEngine()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        inp = app.screen.query_one("#slots-input")
+        inp.value = "8"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: eng.slots == 8)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("#slots-input").value = "99"
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert eng.slots == 8                                   # error notified, state kept
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("#slots-input").value = "lots"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "neither a number nor 'auto'" in str(app.screen.query_one("#slots-info").render())
+
+
+async def test_record_toggle_saves_a_profile(store: Store, tmp_path: Path) -> None:
+    eng = FakeEngine()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.4)
+        assert eng.recording and "REC" in app.title
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        app.screen.query_one("#name-input").value = str(tmp_path / "mine.csv")
+        await pilot.press("enter")
+        await _wait(pilot, lambda: not eng.recording)
+        assert (tmp_path / "mine.csv").exists()
+
+
+async def test_inspector_draws_snapshot_and_hides(store: Store) -> None:
+    app = MoeslotsApp(FakeEngine(), store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause(0.4)
+        hm = app.query_one(SlotHeatmap)
+        assert len(hm._rows) == 2 and hm._rows[0][1] == (0, 1, 2, 3)
+        assert "what-if @4" in str(app.query_one("#whatif").render())
+        assert app.query_one("#inspector").display
+        await pilot.press("ctrl+t")
+        assert not app.query_one("#inspector").display
+
+
+async def test_narrow_terminal_hides_the_inspector(store: Store) -> None:
+    app = MoeslotsApp(FakeEngine(), store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not app.query_one("#inspector").display
+
+
+async def test_keys_are_rebindable(store: Store) -> None:
+    eng = FakeEngine()
+    app = MoeslotsApp(eng, store=store, keymap={"record": "ctrl+g"})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("ctrl+g")
+        await pilot.pause(0.3)
+        assert eng.recording
+
+
+async def test_real_engine_chat(tiny_glm: Path, store: Store) -> None:
+    from moeslots.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=16))
+    app = MoeslotsApp(eng, store=store, model_name=tiny_glm.name)
+    try:
+        async with app.run_test(size=(140, 40)) as pilot:
+            app.query_one(Prompt).text = "hello"
+            await pilot.press("enter")
+            await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2, timeout=20)
+            await pilot.pause(0.4)
+            assert app.query_one("#toks").value != "0.0"
+    finally:
+        eng.close()

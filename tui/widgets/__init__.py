@@ -1,0 +1,1 @@
+"""Inspector and chat widgets."""

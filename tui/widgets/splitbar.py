@@ -1,0 +1,21 @@
+"""A one-line bar: share of expert work served from VRAM (slots) vs computed in host memory."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+
+class SplitBar(Widget):
+    DEFAULT_CSS = "SplitBar { height: 1; }"
+    share: reactive[float] = reactive(0.0)
+
+    def render(self) -> Text:
+        width = max(10, self.size.width - 22)
+        n = round(self.share * width)
+        t = Text("experts: GPU ")
+        t.append("█" * n, style="bold green")
+        t.append("░" * (width - n), style="dim")
+        t.append(f" {100 * self.share:3.0f} % CPU {100 * (1 - self.share):3.0f} %")
+        return t
