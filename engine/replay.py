@@ -32,53 +32,20 @@ def uniform(n_rows: int, n_layer: int, n_expert: int, k: int, seed: int = 0) -> 
 
 
 def from_trace(path: Path, n_expert: int, k: int) -> ReplayTable:
-    """Decode rows of a design-§5 trace CSV (`pos,layer,id0,...`; '#' lines and a header are skipped), one row per
-    token in file order, mapped onto n_expert experts (id * n_expert // trace_experts) and the first k ids."""
-    rows: list[tuple[int, int, list[int]]] = []
-    trace_experts = 0
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            if line.startswith("#") and "n_expert" in line:
-                try:
-                    trace_experts = int(line.split("n_expert", 1)[1].strip(" =:").split()[0].strip(","))
-                except (ValueError, IndexError):
-                    pass
-            continue
-        parts = line.split(",")
-        try:
-            vals = [int(x) for x in parts]
-        except ValueError:
-            continue                                   # header or malformed line
-        if len(vals) < 3 or vals[0] < 0:
-            continue                                   # prompt rows have negative pos
-        rows.append((vals[0], vals[1], vals[2:]))
-    if not rows:
-        raise EngineError(f"{path}: no decode rows to replay")
-    layers = sorted({r[1] for r in rows})
-    k_trace = min(len(r[2]) for r in rows)
-    if k_trace < k:
-        raise EngineError(f"{path}: {k_trace} experts per row, the model routes {k}")
-    trace_experts = trace_experts or (max(max(r[2]) for r in rows) + 1)
-    lidx = {layer: i for i, layer in enumerate(layers)}
-    tokens: list[np.ndarray] = []
-    cur = None
-    last_pos = None
-    for pos, layer, ids in rows:
-        if cur is None or pos != last_pos:
-            if cur is not None:
-                tokens.append(cur)
-            cur = np.full((len(layers), k), -1, np.int32)
-            last_pos = pos
-        mapped = [e * n_expert // trace_experts for e in ids[:k]]
-        cur[lidx[layer]] = mapped
-    tokens.append(cur)
-    table = np.stack(tokens)
-    # a layer missing in some token's rows: reuse the previous token's ids for it
-    for t in range(1, len(table)):
-        miss = table[t, :, 0] < 0
-        table[t, miss] = table[t - 1, miss]
-    table = table[(table >= 0).all(axis=(1, 2))]
+    """The decode tokens of a design-§5 trace CSV (grouped by position, see profiles.simulate.token_matrix), mapped
+    onto n_expert experts (id * n_expert // trace_experts), first k ids of each row."""
+    from moeslots.profiles.simulate import token_matrix
+    from moeslots.profiles.trace import TraceError, read_csv
+
+    try:
+        tr = read_csv(Path(path))
+        layers, table = token_matrix(tr)
+    except TraceError as e:
+        raise EngineError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    if tr.k < k:
+        raise EngineError(f"{path}: {tr.k} experts per row, the model routes {k}")
+    trace_experts = tr.n_expert
+    table = (table[:, :, :k].astype(np.int64) * n_expert // trace_experts).astype(np.int32)
     return ReplayTable(table, f"trace {Path(path).name} ({len(table)} decode tokens, {len(layers)} layers, "
                               f"{trace_experts} experts mapped onto {n_expert})")
 

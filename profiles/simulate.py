@@ -52,22 +52,34 @@ class SimResult:
         return self.uploads_per_token * cost.slab_mb
 
 
-def token_matrix(t: Trace) -> tuple[list[int], np.ndarray]:
-    """Decode rows as [n_tokens, n_layers, k] (a token = consecutive rows with the same pos; tokens missing a
-    layer are dropped). Returns (layers, matrix)."""
+def token_matrix(t: Trace, max_step: int = 16) -> tuple[list[int], np.ndarray]:
+    """Decode rows as [n_tokens, n_layers, k], tokens in order. Rows of one batch come layer by layer (a verify
+    batch writes pos n, n+1, n, n+1, ...), so rows are grouped by position, not by adjacency; a position that
+    drops by more than `max_step` starts a new recording (merged traces restart at 0). A repeated (pos, layer)
+    keeps its last row (a re-decoded position after an MTP rollback); tokens missing a layer are dropped."""
     d = t.decode
     pos, layer, ids = t.pos[d], t.layer[d], t.ids[d]
     if pos.size == 0:
         raise TraceError("the trace has no decode rows to simulate")
+    seg = np.zeros(pos.size, np.int64)
+    run_max = pos[0]
+    s = 0
+    for i in range(1, pos.size):                 # cheap: one pass of Python ints over rows
+        if pos[i] < run_max - max_step:
+            s += 1
+            run_max = pos[i]
+        else:
+            run_max = max(run_max, pos[i])
+        seg[i] = s
     layers = sorted(int(x) for x in np.unique(layer))
-    li = {il: i for i, il in enumerate(layers)}
-    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
-    ends = np.r_[starts[1:], pos.size]
-    out = np.full((len(starts), len(layers), t.k), -1, np.int32)
-    lidx = np.array([li[int(x)] for x in layer], np.int64)
-    tok = np.repeat(np.arange(len(starts)), ends - starts)
-    out[tok, lidx] = ids
+    lidx = np.searchsorted(np.array(layers), layer)
+    tok_key = seg * (1 << 40) + pos
+    uniq, tok = np.unique(tok_key, return_inverse=True)
+    out = np.full((uniq.size, len(layers), t.k), -1, np.int32)
+    out[tok, lidx] = ids                         # later rows overwrite earlier ones: the last row wins
     keep = (out >= 0).all(axis=(1, 2))
+    if not keep.any():
+        raise TraceError("no decode token has rows for every layer")
     return layers, out[keep]
 
 

@@ -84,7 +84,16 @@ class ChatMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("you ▸" if self.role == "user" else "assistant ▸", classes="who")
-        yield Markdown(self.text)
+        yield Markdown(printable(self.text))
+
+
+_CONTROL = {c: "\ufffd" for c in range(32) if c not in (9, 10)} | {127: "\ufffd"}
+
+
+def printable(text: str) -> str:
+    """Model text with terminal control characters (ESC, BEL, CR...) replaced: a reply must never drive the
+    terminal (random-weight models emit raw byte tokens; real ones can too)."""
+    return text.translate(_CONTROL)
 
 
 class TokensArrived(TMessage):
@@ -241,7 +250,7 @@ class MoeslotsApp(App[None]):
     @on(TokensArrived)
     async def tokens(self, event: TokensArrived) -> None:
         if self._stream is not None:
-            await self._stream.write(event.text)
+            await self._stream.write(printable(event.text))
         log = self.query_one("#chat-log", VerticalScroll)
         if log.max_scroll_y - log.scroll_y < 4:          # follow only when the user is near the bottom
             log.scroll_end(animate=False)
@@ -256,7 +265,7 @@ class MoeslotsApp(App[None]):
         if event.error:
             self.notify(f"generation failed: {event.error}", severity="error", timeout=10)
         if self._assistant is not None:
-            await self._assistant.query_one(Markdown).update(event.text)
+            await self._assistant.query_one(Markdown).update(printable(event.text))
         if cancelled and not event.text.strip():
             # nothing said: take the question back into the prompt
             if self._assistant is not None:

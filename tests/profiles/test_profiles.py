@@ -133,6 +133,16 @@ def test_token_matrix_groups_layers() -> None:
     assert layers == [1, 3] and P.shape == (2, 2, 1) and P[1, 1, 0] == 4
 
 
+def test_token_matrix_reads_batches_layer_by_layer_and_merged_recordings() -> None:
+    # a verify batch of 2 tokens writes layer 1 (pos 5, 6) then layer 3 (pos 5, 6); pos 6 is later re-decoded
+    # after a rollback (its last rows win); then a second recording restarts at pos 0
+    t = from_rows([(50, 1, [1]), (51, 1, [2]), (50, 3, [3]), (51, 3, [4]), (51, 1, [7]), (51, 3, [8]),
+                   (0, 1, [9]), (0, 3, [9])])
+    layers, P = token_matrix(t)
+    assert layers == [1, 3]
+    assert P[:, :, 0].tolist() == [[1, 3], [7, 8], [9, 9]]
+
+
 def test_simulation_is_fast_enough() -> None:
     import time
 

@@ -201,3 +201,9 @@ async def test_real_engine_chat(tiny_glm: Path, store: Store) -> None:
             assert app.query_one("#toks").value != "0.0"
     finally:
         eng.close()
+
+
+def test_control_characters_never_reach_the_terminal() -> None:
+    from moeslots.tui.app import printable
+
+    assert printable("a\x1b[2Jb\x07c\rd\n\te\x7f") == "a\ufffd[2Jb\ufffdc\ufffdd\n\te\ufffd"
