@@ -12,6 +12,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 LEVELS = 16
+CELL = 2                       # characters per slot
+LABEL = 4                      # "L00 "
 
 
 class SlotHeatmap(ScrollView):
@@ -48,7 +50,7 @@ class SlotHeatmap(ScrollView):
         """rows: per layer (layer, slot experts, recent hits per slot, recent miss share)."""
         old = {r[0]: r for r in self._rows}
         self._rows = rows
-        width = max((len(r[1]) for r in rows), default=0) + 14
+        width = max((len(r[1]) for r in rows), default=0) * CELL + LABEL + 10
         self.virtual_size = Size(width, len(rows))
         for y, r in enumerate(rows):
             if old.get(r[0]) != r:
@@ -60,8 +62,8 @@ class SlotHeatmap(ScrollView):
         if not 0 <= y < len(self._rows):
             return None
         layer, experts, hits, _ = self._rows[y]
-        slot = x - 4
-        if not 0 <= slot < len(experts):
+        slot = (x - LABEL) // CELL
+        if x < LABEL or not 0 <= slot < len(experts):
             return None
         order = self._order(hits)
         s = order[slot]
@@ -88,6 +90,6 @@ class SlotHeatmap(ScrollView):
         peak = max(hits) if hits and max(hits) > 0 else 1
         for s in self._order(hits):
             level = min(LEVELS - 1, round(hits[s] / peak * (LEVELS - 1)))
-            segs.append(Segment(" ", self._styles[level]))
+            segs.append(Segment(" " * CELL, self._styles[level]))
         segs.append(Segment(f" miss {100 * miss:3.0f} %", self.get_component_rich_style("heatmap--miss")))
         return Strip(segs)
