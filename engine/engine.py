@@ -295,18 +295,18 @@ class Engine:
                 ctx.decode([x])
                 self._tokens.append(x)
                 new, x = [x], self._sample(ctx.logits())
-            for tok in new:
+            stop = False
+            for tok in new:                                     # MTP may emit past an end token or the limit
                 if m.is_eog(tok) or n >= max_tokens:
-                    x = tok
+                    stop = True
                     break
                 n += 1
                 piece = det.push(tok)
                 if piece:
                     text.append(piece)
                     yield TextDelta(piece)
-            else:
-                continue
-            break
+            if stop:
+                break
         rest = det.flush()
         if rest:
             text.append(rest)

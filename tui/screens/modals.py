@@ -8,12 +8,20 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
 
-class SlotsScreen(ModalScreen[str | None]):
+class _Dialog(ModalScreen[str | None]):
+    """A centred box; Esc cancels (dismisses with None)."""
+
     DEFAULT_CSS = """
-    SlotsScreen { align: center middle; }
-    SlotsScreen > Vertical { width: 60; height: auto; border: round $accent; padding: 1 2; background: $surface; }
+    _Dialog { align: center middle; }
+    _Dialog > Vertical { width: 70; height: auto; border: round $accent; padding: 1 2; background: $surface; }
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SlotsScreen(_Dialog):
 
     def __init__(self, current: str, info: str):
         super().__init__()
@@ -39,16 +47,8 @@ class SlotsScreen(ModalScreen[str | None]):
             return
         self.dismiss(v)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class NameScreen(ModalScreen[str | None]):
-    DEFAULT_CSS = """
-    NameScreen { align: center middle; }
-    NameScreen > Vertical { width: 70; height: auto; border: round $accent; padding: 1 2; background: $surface; }
-    """
-    BINDINGS = [("escape", "cancel", "Cancel")]
+class NameScreen(_Dialog):
 
     def __init__(self, title: str, default: str):
         super().__init__()
@@ -61,6 +61,3 @@ class NameScreen(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
