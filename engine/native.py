@@ -50,6 +50,12 @@ def lib() -> Any:
 
 _LOG_KEEP: list[str] = []
 _LOG_CB: Any = None   # keep the CFUNCTYPE alive for the process lifetime
+_LOG_ECHO = [True]    # False while a full-screen app owns the terminal (Textual draws on stderr)
+
+
+def set_log_echo(on: bool) -> None:
+    """Echo engine errors to stderr (default) or only keep them for messages (while the app runs)."""
+    _LOG_ECHO[0] = on
 GGML_LOG_LEVEL_ERROR = 4
 GGML_LOG_LEVEL_CONT = 5
 
@@ -66,7 +72,7 @@ def _set_quiet_logging(L: Any) -> None:
         s = text.decode("utf-8", "replace") if text else ""
         _LOG_KEEP.append(s)
         del _LOG_KEEP[:-200]
-        if verbose or level >= GGML_LOG_LEVEL_ERROR:
+        if _LOG_ECHO[0] and (verbose or level >= GGML_LOG_LEVEL_ERROR):
             sys.stderr.write(s)
 
     _LOG_CB = L.llama_log_callback(cb)

@@ -323,9 +323,13 @@ def _run_app(eng: "object", model_name: str) -> int:
         keymap = load_keymap()
     except ValueError as e:
         raise UserError(str(e)) from None
+    from moeslots.engine import native
+
+    native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
     try:
         MoeslotsApp(eng, model_name=model_name, keymap=keymap).run()  # type: ignore[arg-type]
     finally:
+        native.set_log_echo(True)
         eng.close()  # type: ignore[attr-defined]
     return 0
 
