@@ -3,6 +3,7 @@ the layer's recent miss share. Line API: one cached Strip per layer; only rows w
 
 from __future__ import annotations
 
+import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual.color import Color, Gradient
@@ -30,7 +31,9 @@ class SlotHeatmap(ScrollView):
         self._rows: list[tuple[int, tuple[int, ...], tuple[int, ...], float]] = []   # layer, experts, hits, miss
         self._strips: dict[int, Strip] = {}
         self._styles: list[Style] = []
-        self.cursor: tuple[int, int] | None = None
+        self._label_style: Style | None = None
+        self._segments: dict[tuple[int, int], Segment] = {}   # (colour level, run length) -> segment
+        self._miss_style: Style | None = None
 
     def on_mount(self) -> None:
         self._build_styles()
@@ -41,6 +44,7 @@ class SlotHeatmap(ScrollView):
         high = Color.parse(theme.accent or "#ffa62b")
         grad = Gradient((0.0, low), (1.0, high))
         self._styles = [Style(bgcolor=grad.get_color(i / (LEVELS - 1)).rich_color) for i in range(LEVELS)]
+        self._segments = {}
 
     def watch_sorted_view(self, _: bool) -> None:
         self._strips.clear()
@@ -79,17 +83,36 @@ class SlotHeatmap(ScrollView):
             return Strip.blank(self.size.width)
         if row not in self._strips:
             self._strips[row] = self._build(row)
-        return self._strips[row].crop(int(self.scroll_offset.x), int(self.scroll_offset.x) + self.size.width)
+        strip = self._strips[row]
+        x0 = int(self.scroll_offset.x)
+        if x0 == 0 and strip.cell_length <= self.size.width:
+            return strip
+        return strip.crop(x0, x0 + self.size.width)
 
     def _build(self, row: int) -> Strip:
         if not self._styles:
             self._build_styles()
+        if self._label_style is None:
+            self._label_style = self.get_component_rich_style("heatmap--label")
+            self._miss_style = self.get_component_rich_style("heatmap--miss")
         layer, experts, hits, miss = self._rows[row]
-        label = self.get_component_rich_style("heatmap--label")
-        segs = [Segment(f"L{layer:02d} ", label)]
-        peak = max(hits) if hits and max(hits) > 0 else 1
-        for s in self._order(hits):
-            level = min(LEVELS - 1, round(hits[s] / peak * (LEVELS - 1)))
-            segs.append(Segment(" " * CELL, self._styles[level]))
-        segs.append(Segment(f" miss {100 * miss:3.0f} %", self.get_component_rich_style("heatmap--miss")))
-        return Strip(segs)
+        segs = [Segment(f"L{layer:02d} ", self._label_style)]
+        if hits:
+            h = np.asarray(hits, dtype=np.float64)
+            if self.sorted_view:
+                h = h[np.lexsort((np.arange(h.size), -h))]
+            peak = h.max() if h.max() > 0 else 1.0
+            lvl = np.minimum(LEVELS - 1, np.rint(h / peak * (LEVELS - 1))).astype(np.int64)
+            # one segment per run of equal colour
+            edges = np.flatnonzero(np.diff(lvl)) + 1
+            starts = np.r_[0, edges]
+            ends = np.r_[edges, lvl.size]
+            cache = self._segments
+            for a, b, v in zip(starts.tolist(), ends.tolist(), lvl[starts].tolist()):
+                seg = cache.get((v, b - a))
+                if seg is None:
+                    seg = cache[(v, b - a)] = Segment(" " * (CELL * (b - a)), self._styles[v])
+                segs.append(seg)
+        tail = f" miss {100 * miss:3.0f} %"
+        segs.append(Segment(tail, self._miss_style))
+        return Strip(segs, cell_length=LABEL + CELL * len(hits) + len(tail))
