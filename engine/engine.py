@@ -342,6 +342,39 @@ class Engine:
                 self.mtp.truncate(0)
             self._tokens = []
 
+    def slots_info(self) -> str:
+        """One line for the slots dialog: bytes per slot, the pack now, what the free VRAM would hold."""
+        f = self.model.facts
+        layers = [il for il in f.moe_layers if il < f.n_layer]
+        per_slot = f.slab_bytes * len(layers)
+        line = f"one slot per layer = {per_slot / 2**20:.0f} MiB; pack now {cache_mod.pack_bytes(self.model.ptr) / 2**20:.0f} MiB"
+        gpus = [] if self.cfg.pack_host else native.gpus()
+        if gpus and per_slot:
+            from moeslots.profiles.plan import auto_slots
+
+            free = max(g.free for g in gpus) + cache_mod.pack_bytes(self.model.ptr)   # the old pack is freed first
+            line += f"; fits up to {auto_slots(free, len(layers), f.slab_bytes, f.n_expert)} (auto)"
+        elif self.cfg.pack_host:
+            line += "; no GPU: slots live in host memory"
+        return line
+
+    def use_profile(self, path: Path) -> None:
+        """Take another profile for the next set_slots (checked against this model there)."""
+        self.cfg = dataclasses.replace(self.cfg, profile=Path(path))
+
+    def profile_overlap(self, path: Path) -> float | None:
+        """Mean per-layer overlap of the top-S sets of `path` and the active profile at the current S."""
+        if self.cfg.profile is None or not self._plan.layers:
+            return None
+        from moeslots.profiles.profile import from_trace, overlap
+        from moeslots.profiles.trace import read_csv
+
+        s = len(next(iter(self._plan.layers.values())))
+        a = from_trace(read_csv(Path(self.cfg.profile)), self.model.n_layer_all, self.model.facts.n_expert)
+        b = from_trace(read_csv(Path(path)), self.model.n_layer_all, self.model.facts.n_expert)
+        layers = list(self._plan.layers)
+        return float(overlap(a, b, s)[layers].mean()) if s else None
+
     # -- recording -------------------------------------------------------------------------------------------
 
     def start_recording(self) -> None:

@@ -119,6 +119,7 @@ class MoeslotsApp(App[None]):
         Binding("ctrl+o", "sort_heatmap", "Sort slots", id="sort_heatmap", show=False),
         Binding("ctrl+e", "export", "Export chat", id="export", show=False),
         Binding("ctrl+y", "copy_last", "Copy answer", id="copy_last", show=False),
+        Binding("f2", "system_prompt", "System prompt", id="system_prompt", show=False),
         Binding("f1", "show_help_panel", "Help", id="help"),
         Binding("escape", "stop", "Stop", id="stop"),
         Binding("ctrl+q", "quit", "Quit", id="quit"),
@@ -324,7 +325,8 @@ class MoeslotsApp(App[None]):
             return
         snap = self.engine.snapshot()
         cur = str(len(snap.layers[0].slot_experts)) if snap.layers and snap.layers[0].slot_experts else "0"
-        info = f"now: {snap.load_line}; pack {snap.pack_bytes / 2**20:.0f} MiB"
+        info = self.engine.slots_info() if hasattr(self.engine, "slots_info") else \
+            f"now: {snap.load_line}; pack {snap.pack_bytes / 2**20:.0f} MiB"
         value = await self.push_screen_wait(SlotsScreen(cur, info))
         if value is not None:
             self.apply_slots(value)
@@ -354,7 +356,26 @@ class MoeslotsApp(App[None]):
         except Exception as e:  # noqa: BLE001
             self.notify(f"could not save the profile: {e}", severity="error", timeout=10)
             return
-        self.notify(f"saved {name}: {t.decode_tokens} decode tokens, {t.n_rows} routing rows")
+        msg = f"saved {name}: {t.decode_tokens} decode tokens, {t.n_rows} routing rows"
+        ov = self.engine.profile_overlap(Path(name).expanduser()) if hasattr(self.engine, "profile_overlap") else None
+        if ov is not None:
+            msg += f"; top-slot overlap with the active profile {100 * ov:.0f} %"
+        self.notify(msg, timeout=10)
+        if t.decode_tokens and hasattr(self.engine, "use_profile"):
+            answer = await self.push_screen_wait(NameScreen("Apply this profile to the slots now? (yes/no)", "yes"))
+            if answer and answer.lower().startswith("y"):
+                self.engine.use_profile(Path(name).expanduser())
+                snap = self.engine.snapshot()
+                n = len(snap.layers[0].slot_experts) if snap.layers and snap.layers[0].slot_experts else 0
+                self.apply_slots(str(n) if n else "auto")
+
+    @work(exclusive=True, group="modal")
+    async def action_system_prompt(self) -> None:
+        text = await self.push_screen_wait(NameScreen("System prompt for this chat (empty: none):",
+                                                      self.store.system(self.chat_id)))
+        if text is not None:
+            self.store.set_system(self.chat_id, text)
+            self.notify("system prompt set" if text else "system prompt cleared")
 
     def action_toggle_inspector(self) -> None:
         self._user_toggled = True

@@ -145,3 +145,26 @@ def test_recording_writes_the_turns_routing(engine: Engine, tmp_path: Path) -> N
     assert int((~back.decode).sum()) == d.stats.prompt_tokens * len(trunk)
     assert sorted(set(back.layer.tolist())) == trunk
     assert not engine.snapshot().recording
+
+
+def test_record_then_apply_the_new_profile(tiny_glm: Path, tmp_path: Path) -> None:
+    from moeslots.profiles.record import record
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    first = tmp_path / "first.csv"
+    record(tiny_glm, [prompt], first, n_decode=16, threads=2, temperature=1.0)
+    e = Engine(EngineConfig(model=tiny_glm, slots=4, profile=first, threads=2, pack_host=True, max_tokens=12))
+    try:
+        assert "one slot per layer" in e.slots_info() and "host memory" in e.slots_info()
+        e.start_recording()
+        _reply(e, [Message("user", "something new")])
+        new = tmp_path / "new.csv"
+        e.stop_recording(new)
+        ov = e.profile_overlap(new)
+        assert ov is not None and 0.0 <= ov <= 1.0
+        e.use_profile(new)
+        line = e.set_slots(4)
+        assert "x 4 slots" in line and e.cfg.profile == new
+    finally:
+        e.close()

@@ -207,3 +207,31 @@ def test_control_characters_never_reach_the_terminal() -> None:
     from moeslots.tui.app import printable
 
     assert printable("a\x1b[2Jb\x07c\rd\n\te\x7f") == "a\ufffd[2Jb\ufffdc\ufffdd\n\te\ufffd"
+
+
+async def test_system_prompt_is_editable_and_sent(store: Store) -> None:
+    eng = FakeEngine()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        app.screen.query_one("#name-input").value = "You are terse."
+        await pilot.press("enter")
+        await pilot.pause()
+        app.query_one(Prompt).text = "hi"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2)
+        assert eng.seen[0][0].role == "system" and eng.seen[0][0].content == "You are terse."
+
+
+async def test_new_chat_clears_the_log(store: Store) -> None:
+    app = MoeslotsApp(FakeEngine(), store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.query_one(Prompt).text = "first"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2)
+        old = app.chat_id
+        await pilot.press("ctrl+n")
+        await pilot.pause(0.2)
+        assert app.chat_id != old and not list(app.query("ChatMessage"))
+        assert len(store.messages(old)) == 2
