@@ -316,18 +316,24 @@ def _int_arg(flag: str, v: str) -> int:
         raise UserError(f"{flag} takes a number or 'auto', not {v!r}") from None
 
 
-def _run_app(eng: "object", model_name: str) -> int:
-    from moeslots.tui.app import MoeslotsApp, load_keymap
+def _config() -> dict:
+    from moeslots.tui import config
 
     try:
-        keymap = load_keymap()
-    except ValueError as e:
+        return config.load()
+    except config.ConfigError as e:
         raise UserError(str(e)) from None
+
+
+def _run_app(eng: "object", model_name: str, remember: bool = True) -> int:
+    from moeslots.tui.app import MoeslotsApp
+
+    keymap = dict(_config().get("keymap", {}))
     from moeslots.engine import native
 
     native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
     try:
-        MoeslotsApp(eng, model_name=model_name, keymap=keymap).run()  # type: ignore[arg-type]
+        MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember).run()  # type: ignore[arg-type]
     finally:
         native.set_log_echo(True)
         eng.close()  # type: ignore[attr-defined]
@@ -335,7 +341,12 @@ def _run_app(eng: "object", model_name: str) -> int:
 
 
 def cmd_chat(a: argparse.Namespace) -> int:
-    eng = _open_engine(Path(a.model), Path(a.profile) if a.profile else None, a.slots, not a.no_mtp, a.threads, a.ctx)
+    app_cfg = _config().get("app", {})           # flags override the config
+    same_model = app_cfg.get("model") and Path(app_cfg["model"]).expanduser() == Path(a.model).expanduser()
+    profile = a.profile or (app_cfg.get("profile") if same_model else None)
+    slots = a.slots or (str(app_cfg["slots"]) if same_model and "slots" in app_cfg else None)
+    mtp = not a.no_mtp and bool(app_cfg.get("mtp", True))
+    eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx)
     return _run_app(eng, Path(a.model).name)
 
 
@@ -345,6 +356,10 @@ def cmd_app(a: argparse.Namespace) -> int:
     from moeslots.engine import native, synth
 
     native.require_patched()
+    app_cfg = _config().get("app", {})
+    if app_cfg.get("model"):                     # the user's own default model
+        ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096)
+        return cmd_chat(ns)
     path = synth.default_demo_model()
     prof = path.with_suffix(".profile.csv")
     if not prof.exists():
@@ -355,7 +370,7 @@ def cmd_app(a: argparse.Namespace) -> int:
         print("recording a demo profile (first start only)...", file=sys.stderr)
         record(path, [tmp], prof, n_decode=128, temperature=1.0)
     eng = _open_engine(path, prof, str(synth.DEMO_SPEC.n_expert // 4), True, None, 2048)
-    return _run_app(eng, path.name)
+    return _run_app(eng, path.name, remember=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

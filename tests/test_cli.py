@@ -98,3 +98,14 @@ def test_stock_or_stale_engine_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(native, "expected_patch_id", lambda: "0123456789abcdef")
     with pytest.raises(NotPatchedError, match="rebuild with `moeslots engine build`"):
         native.require_patched()
+
+
+def test_bad_config_is_one_line(tmp_path: Path, tiny_qwen: Path) -> None:
+    import os
+
+    cfg = tmp_path / "cfg" / "moeslots"
+    cfg.mkdir(parents=True)
+    (cfg / "config.toml").write_text("[app]\nslots = [1, 2]\n")
+    r = subprocess.run([sys.executable, "-m", "moeslots", "chat", str(tiny_qwen)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    _one_line_error(r, "config.toml", "app.slots has the wrong type")

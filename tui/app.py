@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Digits, Footer, Header, Label, Markdown, Sparkline, Static, TextArea
 
 from moeslots.tui.screens.modals import NameScreen, SlotsScreen
-from moeslots.tui.store import Store, config_dir, data_dir
+from moeslots.tui.store import Store, data_dir
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 from moeslots.tui.widgets.splitbar import SplitBar
 
@@ -126,8 +125,9 @@ class MoeslotsApp(App[None]):
     ]
 
     def __init__(self, engine: EngineLike, *, store: Store | None = None, model_name: str = "",
-                 keymap: dict[str, str] | None = None, system_prompt: str = ""):
+                 keymap: dict[str, str] | None = None, system_prompt: str = "", remember: bool = False):
         super().__init__()
+        self.remember = remember          # write slot/profile changes to config.toml (the real app does)
         self.engine = engine
         self.store = store or Store()
         self.model_name = model_name
@@ -339,6 +339,14 @@ class MoeslotsApp(App[None]):
             self.call_from_thread(self.notify, f"slots unchanged: {e}", severity="error", timeout=10)
             return
         self.call_from_thread(self.notify, line)
+        if self.remember:
+            from moeslots.tui import config
+
+            try:
+                config.save_app({"slots": value, "profile": str(getattr(getattr(self.engine, "cfg", None),
+                                                                        "profile", "") or "") or None})
+            except (OSError, config.ConfigError) as e:
+                self.call_from_thread(self.notify, f"could not save the config: {e}", severity="warning")
 
     @work(exclusive=True, group="modal")
     async def action_record(self) -> None:
@@ -437,15 +445,10 @@ class MoeslotsApp(App[None]):
 
 
 def load_keymap() -> dict[str, str]:
-    """[keymap] of $XDG_CONFIG_HOME/moeslots/config.toml: binding id -> keys (e.g. record = "ctrl+g")."""
-    p = config_dir() / "config.toml"
-    if not p.exists():
-        return {}
+    """[keymap] of config.toml: binding id -> keys (e.g. record = "ctrl+g")."""
+    from moeslots.tui import config
+
     try:
-        cfg = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"{p}: {e}") from None
-    km = cfg.get("keymap", {})
-    if not isinstance(km, dict) or not all(isinstance(v, str) for v in km.values()):
-        raise ValueError(f"{p}: [keymap] maps binding ids to key strings")
-    return km
+        return dict(config.load().get("keymap", {}))
+    except config.ConfigError as e:
+        raise ValueError(str(e)) from None

@@ -1,0 +1,70 @@
+"""$XDG_CONFIG_HOME/moeslots/config.toml: read with tomllib, written (atomically) with tomli-w.
+
+    [app]                 # defaults for `moeslots` / `moeslots chat`; command-line flags override them
+    model = "/models/qwen3.6-35b-a3b-q4_k_m.gguf"
+    profile = "/profiles/merged.csv"
+    slots = "auto"        # or a number
+    mtp = true
+    [keymap]              # binding id = keys
+    record = "ctrl+g"
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from moeslots.tui.store import config_dir
+
+APP_KEYS = {"model": str, "profile": str, "slots": (str, int), "mtp": bool}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def path() -> Path:
+    return config_dir() / "config.toml"
+
+
+def load(p: Path | None = None) -> dict[str, Any]:
+    p = p or path()
+    if not p.exists():
+        return {}
+    try:
+        cfg = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{p}: {e}") from None
+    app = cfg.get("app", {})
+    if not isinstance(app, dict):
+        raise ConfigError(f"{p}: [app] must be a table")
+    for k, v in app.items():
+        if k not in APP_KEYS:
+            raise ConfigError(f"{p}: unknown key app.{k} (known: {', '.join(APP_KEYS)})")
+        if not isinstance(v, APP_KEYS[k]):
+            raise ConfigError(f"{p}: app.{k} has the wrong type")
+    km = cfg.get("keymap", {})
+    if not isinstance(km, dict) or not all(isinstance(v, str) for v in km.values()):
+        raise ConfigError(f"{p}: [keymap] maps binding ids to key strings")
+    return cfg
+
+
+def save_app(values: dict[str, Any], p: Path | None = None) -> None:
+    """Update [app] keys, keeping everything else in the file."""
+    p = p or path()
+    cfg = load(p)
+    cfg.setdefault("app", {}).update({k: v for k, v in values.items() if v is not None})
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="config.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            tomli_w.dump(cfg, fh)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
