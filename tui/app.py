@@ -268,14 +268,15 @@ class MoeslotsApp(App[None]):
         if self._assistant is not None:
             await self._assistant.query_one(Markdown).update(printable(event.text))
         if cancelled and not event.text.strip():
-            # nothing said: take the question back into the prompt
+            # nothing said: take the question back out of the chat
             if self._assistant is not None:
                 await self._assistant.remove()
             self._drop_last_user_message()
-            self.query_one(Prompt).text = self._pending_prompt
         elif event.text or not event.error:
             self.store.add(self.chat_id, "assistant", event.text)
             self._last_answer = event.text
+        if cancelled and not self.query_one(Prompt).text.strip():
+            self.query_one(Prompt).text = self._pending_prompt    # Esc puts the prompt back, to edit and resend
         self._assistant = None
         self.query_one(Prompt).focus()
 

@@ -30,10 +30,10 @@ class FakeEngine:
         words = self.reply.split(" ")
         out = []
         for i, w in enumerate(words):
-            if cancel is not None and cancel.is_set():
-                break
             if self.delay:
                 time.sleep(self.delay)
+            if cancel is not None and cancel.is_set():
+                break
             piece = (" " if i else "") + w
             out.append(piece)
             yield TextDelta(piece)
@@ -118,6 +118,21 @@ async def test_escape_stops_and_restores_the_prompt(store: Store) -> None:
         msgs = store.messages(app.chat_id)
         assert msgs[0] == ("user", "long answer please")
         assert len(msgs) == 2 and 0 < len(msgs[1][1].split()) < 200      # the partial answer is kept
+        assert app.query_one(Prompt).text == "long answer please"       # and the prompt is back
+
+
+async def test_escape_before_any_text_takes_the_question_back(store: Store) -> None:
+    eng = FakeEngine(reply="x", delay=0.5)
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.query_one(Prompt).text = "never mind"
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        await pilot.press("escape")
+        await _wait(pilot, lambda: not app._generating)
+        assert store.messages(app.chat_id) == []
+        assert app.query_one(Prompt).text == "never mind"
+        assert not list(app.query("ChatMessage"))
 
 
 async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
