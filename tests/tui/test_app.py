@@ -62,6 +62,15 @@ class FakeEngine:
 
         return read_csv(path)
 
+    def use_profile(self, path: Path) -> None:
+        self.profile = path
+
+    def profile_overlap(self, path: Path) -> float:
+        return 0.5
+
+    def slots_info(self) -> str:
+        return "one slot per layer = 1 MiB; pack now 1 MiB; fits up to 12 (auto)"
+
     def new_chat(self) -> None:
         pass
 
@@ -141,6 +150,7 @@ async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.press("ctrl+s")
         await pilot.pause()
+        assert "fits up to 12" in str(app.screen.query_one("#slots-info").render())
         inp = app.screen.query_one("#slots-input")
         inp.value = "8"
         await pilot.press("enter")
@@ -172,6 +182,11 @@ async def test_record_toggle_saves_a_profile(store: Store, tmp_path: Path) -> No
         await pilot.press("enter")
         await _wait(pilot, lambda: not eng.recording)
         assert (tmp_path / "mine.csv").exists()
+        await pilot.pause(0.2)                                   # "apply this profile now?" -> yes
+        assert "Apply this profile" in str(app.screen.query_one("Label").render())
+        await pilot.press("enter")
+        await _wait(pilot, lambda: getattr(eng, "profile", None) == tmp_path / "mine.csv")
+        await _wait(pilot, lambda: eng.load_line.endswith("x 4 slots"))
 
 
 async def test_inspector_draws_snapshot_and_hides(store: Store) -> None:
