@@ -34,7 +34,7 @@ class EngineConfig:
     n_ctx: int = 4096
     slots: Union[int, str, SlotPlan, None] = 0      # n per layer (needs a profile), "auto" (later), a plan, 0/None
     profile: Path | None = None
-    mtp: bool = True                                # MTP drafts when the model has a NextN block (greedy only)
+    mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
     async_cpu: bool = True                          # (CPU/GPU overlap arrives with its own issue)
     threads: int | None = None
@@ -176,8 +176,6 @@ class Engine:
             self.ctx.enable_stats(cfg.stats_ring)
             if cfg.mtp and not self.model.mtp_loaded:
                 self.notices.append(f"{self.model.facts.name} has no NextN (MTP) block: decoding without MTP")
-            elif cfg.mtp and cfg.temperature > 0:
-                self.notices.append("MTP drafts are verified greedily: off while temperature > 0")
             elif cfg.mtp:
                 self.mtp = MTP(self.model, self.ctx, n_draft=cfg.mtp_draft, threads=cfg.threads)
         except BaseException:
@@ -289,7 +287,7 @@ class Engine:
             if m.is_eog(x) or ctx.n_past + 2 + (self.mtp.n_draft if self.mtp else 0) >= ctx.n_ctx:
                 break
             if self.mtp is not None:
-                emitted = self.mtp.step(self._tokens, x)           # appends all but the bonus to self._tokens
+                emitted = self.mtp.step(self._tokens, x, self.cfg.temperature, self._rng)   # appends to _tokens
                 new, x = emitted[:-1], emitted[-1]
             else:
                 ctx.decode([x])

@@ -121,7 +121,8 @@ class MTP:
                 raise EngineError(f"MTP draft decode failed ({rc})")
             self.fed += n
 
-    def _draft_one(self, token: int, pos: int, h: np.ndarray) -> tuple[int, np.ndarray]:
+    def _draft_one(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decode one draft row; returns (the draft's logits, its hidden state for the next draft row)."""
         L, b = self.L, self._batch
         b.n_tokens = 1
         self._tok[0] = token
@@ -135,43 +136,81 @@ class MTP:
             raise EngineError(f"MTP draft decode failed ({rc})")
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ptr, -1), shape=(self.model.n_vocab,))
         h_next = np.ctypeslib.as_array(_ext().llama_get_embeddings_nextn_ith(self.ptr, 0), shape=(self.n_embd,))
-        return int(np.argmax(logits)), h_next.copy()
+        return logits.copy(), h_next.copy()
 
     # -- one speculative step ------------------------------------------------------------------------------------
 
-    def step(self, history: list[int], x: int) -> list[int]:
-        """history: tokens at positions 0..n-1 (all decoded by the target); x: the target's greedy token at n.
-        Drafts, verifies, rolls back, and returns the emitted tokens [x, accepted drafts..., bonus]; history is
-        extended with all but the last (the bonus is the next step's x)."""
+    def step(self, history: list[int], x: int, temperature: float = 0.0,
+             rng: np.random.Generator | None = None) -> list[int]:
+        """history: tokens at positions 0..n-1 (all decoded by the target); x: the target's token at n.
+        Drafts, verifies, rolls back, and returns the emitted tokens [x, accepted drafts..., next]; history is
+        extended with all but the last (the last is the next step's x).
+
+        temperature 0: greedy (a draft is accepted when it equals the target's argmax). temperature > 0:
+        speculative sampling — draft d ~ q is accepted with probability min(1, p(d)/q(d)), a rejection samples from
+        max(0, p - q) renormalised, and after all drafts the next token is sampled from p — so every emitted token
+        is distributed exactly as sampling the target alone."""
         ctx = self.target
         n = ctx.n_past
         assert n == len(history), (n, len(history))
+        sample = temperature > 0
+        if sample and rng is None:
+            rng = np.random.default_rng()
         self.feed(history, n)                                  # draft KV covers 0..n-1
         drafts: list[int] = []
+        qs: list[np.ndarray] = []
         h = self.h[n - 1] if n > 0 else np.zeros(self.n_embd, np.float32)
         tok, pos = x, n
         budget = min(self.n_draft, ctx.n_ctx - n - 2)
         for _ in range(max(0, budget)):
-            d, h = self._draft_one(tok, pos, h)
+            logits, h = self._draft_one(tok, pos, h)
+            if sample:
+                q = softmax(logits, temperature)
+                d = int(rng.choice(q.size, p=q))
+                qs.append(q)
+            else:
+                d = int(np.argmax(logits))
             drafts.append(d)
             tok, pos = d, pos + 1
         self.truncate(n)                                       # draft rows are re-fed from the target's states
         ctx.decode([x] + drafts, all_logits=True)
-        ys = [ctx.argmax(i) for i in range(len(drafts) + 1)]
         a = 0
-        while a < len(drafts) and drafts[a] == ys[a]:
-            a += 1
+        if sample:
+            nxt = -1
+            while a < len(drafts):
+                p = softmax(ctx.logits(a), temperature)
+                d = drafts[a]
+                if rng.random() < min(1.0, p[d] / max(qs[a][d], 1e-30)):
+                    a += 1
+                    continue
+                r = np.maximum(p - qs[a], 0.0)
+                nxt = int(rng.choice(r.size, p=r / r.sum())) if r.sum() > 0 else int(rng.choice(p.size, p=p))
+                break
+            if nxt < 0:
+                nxt = int(rng.choice(ctx.model.n_vocab, p=softmax(ctx.logits(a), temperature)))
+        else:
+            ys = [ctx.argmax(i) for i in range(len(drafts) + 1)]
+            while a < len(drafts) and drafts[a] == ys[a]:
+                a += 1
+            nxt = ys[a]
         keep = n + 1 + a
         if keep < ctx.n_past:
             self.L.llama_memory_seq_rm(self.L.llama_get_memory(ctx.ptr), 0, keep, -1)
             ctx.n_past = keep
-        out = [x] + drafts[:a] + [ys[a]]
+        out = [x] + drafts[:a] + [nxt]
         history.extend(out[:-1])
         self.stats.steps += 1
         self.stats.drafted += len(drafts)
         self.stats.accepted += a
         self.stats.tokens += len(out) - 1
         return out
+
+
+def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = logits.astype(np.float64) / temperature
+    z -= z.max()
+    e = np.exp(z)
+    return e / e.sum()
 
 
 def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Callable[[int], bool]) -> list[int]:

@@ -80,3 +80,39 @@ def test_a_rolled_back_step_leaves_the_next_generation_exact(tiny_glm: Path) -> 
             assert greedy_tokens(mtp, prompt, 24, m.is_eog) == ref
         finally:
             mtp.close()
+
+
+def test_sampled_mtp_keeps_the_target_distribution(tiny_glm: Path) -> None:
+    """Speculative sampling: the token after x must follow the target's own distribution p (chi-square over the
+    most likely tokens), whatever the drafts were."""
+    import numpy as np
+
+    from moeslots.engine.mtp import softmax
+
+    with Model(tiny_glm, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        prompt = m.tokenize(PROMPT_TEXT)
+        T = 1.5
+        ctx.decode(prompt, prompt=True)
+        x = ctx.argmax()
+        ctx.decode([x])
+        p = softmax(ctx.logits(), T)                  # the target's distribution of the token after x
+        mtp = MTP(m, ctx, n_draft=2, threads=2)
+        rng = np.random.default_rng(0)
+        counts = np.zeros(m.n_vocab, np.int64)
+        trials = 1500
+        try:
+            for _ in range(trials):
+                ctx.reset()
+                mtp.truncate(0)
+                ctx.decode(prompt, prompt=True)
+                hist = list(prompt)
+                out = mtp.step(hist, x, temperature=T, rng=rng)
+                counts[out[1]] += 1
+        finally:
+            mtp.close()
+        top = np.argsort(-p)[:8]
+        obs = np.r_[counts[top], trials - counts[top].sum()]
+        exp = np.r_[p[top], 1 - p[top].sum()] * trials
+        chi2 = float(((obs - exp) ** 2 / exp).sum())
+        assert chi2 < 26.1, (chi2, obs, exp)          # 8 degrees of freedom: p = 0.001
+        assert mtp.stats.drafted == 2 * trials
