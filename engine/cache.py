@@ -85,6 +85,19 @@ def configure(model_ptr: int, n_layer_all: int, plan: SlotPlan, *, pack_host: bo
     return text
 
 
+def swap(model_ptr: int, layer: int, slot: int, expert: int) -> int:
+    """Put `expert` into `slot` of `layer` (between decodes); returns the bytes copied."""
+    L = _bind()
+    f = L.llama_moeslots_cache_swap
+    if f.argtypes is None:
+        f.restype = ctypes.c_int64
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    n = int(f(model_ptr, layer, slot, expert))
+    if n < 0:
+        raise CacheError(f"cannot put expert {expert} into slot {slot} of layer {layer} (code {n})", n)
+    return n
+
+
 def clear(model_ptr: int) -> None:
     _bind().llama_moeslots_cache_clear(model_ptr)
 

@@ -40,6 +40,10 @@ class EngineConfig:
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
+    repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
+    repick_swaps: int = 4                           # at most M swaps per layer per re-pick
+    repick_window: int = 64                         # decode tokens whose routing elects the residents
+    repick_margin: float = 0.25                     # a candidate must beat the incumbent by this much (hysteresis)
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -107,6 +111,9 @@ class Snapshot:
     recording: bool
     generating: bool
     whatif: str = ""                      # hit % the same slots would get with LRU / re-elect on the recent window
+    repicks: int = 0                      # adaptive residency: re-picks done, slabs swapped, MB moved in all
+    repick_swaps: int = 0
+    repick_mb: float = 0.0
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
@@ -192,6 +199,8 @@ class Engine:
         self.load_line = "expert cache: off"
         self._rec: list[np.ndarray] | None = None   # routing rows recorded so far (while recording)
         self._whatif = ("", -1, 0.0)                # (line, decode tokens it was computed at, time)
+        self._since_repick = 0
+        self._repicks = self._repick_swaps = self._repick_bytes = 0
         self._rec_tokens = 0
         if cfg.slots not in (None, 0):
             try:
@@ -293,6 +302,7 @@ class Engine:
                 ctx.decode([x])
                 self._tokens.append(x)
                 new, x = [x], self._sample(ctx.logits())
+            self._maybe_repick(len(new))
             stop = False
             for tok in new:                                     # MTP may emit past an end token or the limit
                 if m.is_eog(tok) or n >= max_tokens:
@@ -339,6 +349,42 @@ class Engine:
             if self.mtp is not None:
                 self.mtp.truncate(0)
             self._tokens = []
+
+    def _maybe_repick(self, n_new: int) -> None:
+        """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the
+        recent window's picks (profiles.plan.elect, the simulator's rule) and copy only the swapped slabs."""
+        n = self.cfg.repick_every
+        if n <= 0 or not self._plan.layers:
+            return
+        self._since_repick += n_new
+        if self._since_repick < n:
+            return
+        self._since_repick = 0
+        from moeslots.profiles.plan import elect
+
+        f = self.model.facts
+        ring = self.ctx.read_stats().ring
+        ring = ring[ring[:, 0] >= 0]
+        if not len(ring):
+            return
+        recent = ring[ring[:, 0] > int(ring[:, 0].max()) - self.cfg.repick_window]
+        layers = dict(self._plan.layers)
+        moved = swaps = 0
+        for il, slots in layers.items():
+            rows = recent[recent[:, 1] == il][:, 2:]
+            scores = np.bincount(rows.ravel(), minlength=f.n_expert).astype(np.float64)
+            new = list(slots)
+            for slot, e in elect(scores, slots, self.cfg.repick_swaps, self.cfg.repick_margin):
+                moved += cache_mod.swap(self.model.ptr, il, slot, e)
+                new[slot] = e
+                swaps += 1
+            layers[il] = tuple(new)
+        with self._lock:
+            self._plan = SlotPlan(layers)
+            self._repicks += 1
+            self._repick_swaps += swaps
+            self._repick_bytes += moved
+            self._upload_bytes += moved
 
     def slots_info(self) -> str:
         """One line for the slots dialog: bytes per slot, the pack now, what the free VRAM would hold."""
@@ -458,7 +504,8 @@ class Engine:
                 mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
-                generating=self._generating)
+                generating=self._generating, repicks=self._repicks, repick_swaps=self._repick_swaps,
+                repick_mb=self._repick_bytes / 1e6)
 
     def _whatif_line(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> str:
         """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same

@@ -292,8 +292,18 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return cmd_generate(ns)
 
 
+def _parse_repick(v: str | None) -> tuple[int, int]:
+    if not v:
+        return 0, 4
+    n, _, m = v.partition(":")
+    try:
+        return int(n), int(m) if m else 4
+    except ValueError:
+        raise UserError(f"--repick takes N or N:M (every N tokens, at most M swaps per layer), not {v!r}") from None
+
+
 def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
-                 ctx: int) -> "object":
+                 ctx: int, repick: str | None = None) -> "object":
     from moeslots.engine import native
     from moeslots.engine.engine import Engine, EngineConfig
 
@@ -302,8 +312,9 @@ def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool
         slots = "auto" if profile else "0"
     n_or_auto: int | str = slots if slots == "auto" else _int_arg("--slots", slots)
     pack_host = not native.gpus()
+    every, swaps = _parse_repick(repick)
     eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
-                              pack_host=pack_host))
+                              pack_host=pack_host, repick_every=every, repick_swaps=swaps))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     return eng
@@ -346,7 +357,8 @@ def cmd_chat(a: argparse.Namespace) -> int:
     profile = a.profile or (app_cfg.get("profile") if same_model else None)
     slots = a.slots or (str(app_cfg["slots"]) if same_model and "slots" in app_cfg else None)
     mtp = not a.no_mtp and bool(app_cfg.get("mtp", True))
-    eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx)
+    eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx,
+                       getattr(a, "repick", None))
     return _run_app(eng, Path(a.model).name)
 
 
@@ -358,7 +370,8 @@ def cmd_app(a: argparse.Namespace) -> int:
     native.require_patched()
     app_cfg = _config().get("app", {})
     if app_cfg.get("model"):                     # the user's own default model
-        ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096)
+        ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096,
+                                repick=None)
         return cmd_chat(ns)
     path = synth.default_demo_model()
     prof = path.with_suffix(".profile.csv")
@@ -495,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
+    c.add_argument("--repick", metavar="N[:M]", help="re-pick residents every N decode tokens, at most M swaps per "
+                                                       "layer (default: static)")
     c.set_defaults(func=cmd_chat)
 
     ap = sub.add_parser("app", help="(default) the chat app on the default model")

@@ -3,6 +3,8 @@ without data get an even spread. `auto_slots` picks the largest S whose packs fi
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 
@@ -34,3 +36,22 @@ def auto_slots(free_bytes: int, n_layers: int, slab_bytes: int, n_expert: int,
         return 0
     s = budget // (n_layers * slab_bytes) - 1
     return int(max(0, min(n_expert, s)))
+
+
+def elect(scores: np.ndarray, resident: Sequence[int], max_swaps: int, margin: float = 0.0) -> list[tuple[int, int]]:
+    """One layer's re-pick (the rule shared by the engine's repick and the simulator's reelect-K): the best
+    non-resident experts replace the weakest residents while the candidate's score beats the incumbent's by more
+    than `margin` (relative; hysteresis), at most `max_swaps` times. Ties: lower ids win candidacy, higher-scored
+    then lower-id incumbents stay. Returns (slot, new expert) pairs."""
+    res = list(resident)
+    if not res or max_swaps <= 0:
+        return []
+    in_set = set(res)
+    cands = [e for e in np.lexsort((np.arange(scores.size), -scores)).tolist() if e not in in_set]
+    order = sorted(range(len(res)), key=lambda s: (scores[res[s]], -res[s]))      # weakest slot first
+    swaps: list[tuple[int, int]] = []
+    for cand, slot in zip(cands, order):
+        if len(swaps) >= max_swaps or not scores[cand] > scores[res[slot]] * (1.0 + margin):
+            break
+        swaps.append((slot, int(cand)))
+    return swaps

@@ -166,19 +166,29 @@ def _lfu_decay(P: np.ndarray, S: int, n_expert: int, decay: float = 0.98) -> tup
     return hits / (T * L * k), uploads / T, cpu / T
 
 
-def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray) -> tuple[float, float]:
+def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
+             max_swaps: int | None = None, margin: float = 0.0) -> tuple[float, float]:
+    """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule)."""
+    from moeslots.profiles.plan import elect
+
     T, L, k = P.shape
+    slots = [list(np.flatnonzero(initial[l])) for l in range(L)]
+    for l in range(L):                                       # fill to S (a plan may hold fewer)
+        slots[l] = slots[l][:S]
     resident = initial.copy()
     rows = np.arange(L)
     hits = uploads = 0
     for t0 in range(0, T, K):
-        if t0 > 0:
+        if t0 > 0 and S > 0:
             w = P[max(0, t0 - window):t0]
             counts = np.zeros((L, n_expert), np.int64)
             np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), 1)
-            new = _resident_from_plan(plan_from_counts(counts, S), list(range(L)), n_expert)
-            uploads += int((new & ~resident).sum())
-            resident = new
+            for l in range(L):
+                for slot, e in elect(counts[l].astype(np.float64), slots[l], max_swaps or S, margin):
+                    resident[l, slots[l][slot]] = False
+                    resident[l, e] = True
+                    slots[l][slot] = e
+                    uploads += 1
         chunk = P[t0:t0 + K]
         hits += int(resident[rows[None, :, None], chunk].sum())
     return hits / (T * L * k), uploads / T

@@ -1,0 +1,77 @@
+"""Adaptive residency: re-picking residents between decode steps never changes the output (the math does not
+depend on where an expert lives), moves exactly the swapped slabs, and follows the shared election rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.engine import cache
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.profiles.plan import elect
+
+
+def test_elect_rule() -> None:
+    scores = np.array([5, 0, 9, 9, 1, 7], np.float64)
+    # residents 1 (score 0) and 4 (1): the best candidates 2, 3 (9, ties -> lower id first) replace them
+    assert elect(scores, [1, 4], max_swaps=4) == [(0, 2), (1, 3)]
+    assert elect(scores, [1, 4], max_swaps=1) == [(0, 2)]
+    assert elect(scores, [2, 3], max_swaps=4) == []                    # already the best
+    assert elect(scores, [0, 2], max_swaps=4, margin=0.5) == [(0, 3)]  # 9 > 5 * 1.5; 7 is not > 9 * 1.5
+
+
+def test_swaps_keep_logits_exact_and_move_slabs(tiny_qwen: Path) -> None:
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        f = m.facts
+        toks = [int(t) for t in np.random.default_rng(5).integers(0, 300, 30)]
+        ctx.decode(toks[:4], prompt=True)
+        stock = [ctx.logits().copy()]
+        for t in toks[4:]:
+            ctx.decode([t])
+            stock.append(ctx.logits().copy())
+        m.set_slots(SlotPlan.uniform(f.moe_layers, 4, f.n_expert), pack_host=True)
+        before = cache.pack_bytes(m.ptr)
+        ctx.reset()
+        ctx.decode(toks[:4], prompt=True)
+        got = [ctx.logits().copy()]
+        rng = np.random.default_rng(1)
+        resident = {il: list(range(4)) for il in f.moe_layers}
+        moved = 0
+        for i, t in enumerate(toks[4:]):
+            il = f.moe_layers[i % len(f.moe_layers)]
+            e = int(rng.choice([x for x in range(f.n_expert) if x not in resident[il]]))
+            slot = i % 4
+            moved += cache.swap(m.ptr, il, slot, e)
+            resident[il][slot] = e
+            ctx.decode([t])
+            got.append(ctx.logits().copy())
+        assert all(np.array_equal(a, b) for a, b in zip(stock, got))
+        assert moved == len(toks[4:]) * f.slab_bytes            # exactly the swapped slabs
+        assert cache.pack_bytes(m.ptr) == before
+        assert cache.swap(m.ptr, f.moe_layers[0], 0, resident[f.moe_layers[0]][0]) == 0   # already there
+        with pytest.raises(cache.CacheError):
+            cache.swap(m.ptr, f.moe_layers[0], 1, resident[f.moe_layers[0]][0])          # resident elsewhere
+
+
+def test_engine_repick_every_token_matches_static_output(tiny_glm: Path) -> None:
+    plan = SlotPlan.uniform([1, 2], 4, 16)
+    texts = []
+    for every in (0, 1):
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=24, mtp=False, slots=plan,
+                                repick_every=every, repick_swaps=2, repick_margin=0.0))
+        try:
+            texts.append("".join(ev.text for ev in e.chat([Message("user", "hi")]) if isinstance(ev, TextDelta)))
+            snap = e.snapshot()
+            if every:
+                assert snap.repicks >= 20 and snap.repick_swaps > 0
+                assert snap.repick_mb * 1e6 == snap.repick_swaps * e.model.facts.slab_bytes
+                assert snap.upload_mb_per_token > 0
+            else:
+                assert snap.repicks == 0 and snap.upload_mb_per_token == 0
+        finally:
+            e.close()
+    assert texts[0] == texts[1]
