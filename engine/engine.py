@@ -531,7 +531,18 @@ class Engine:
         self._whatif = (line, n_dec, time.monotonic())
         return line
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a
+        worker thread never decodes on a freed model (the app quits this way)."""
+        busy = getattr(self, "_busy", None)
+        got = busy.acquire(timeout=timeout) if busy is not None else False
+        try:
+            self._close()
+        finally:
+            if got:
+                busy.release()
+
+    def _close(self) -> None:
         with self._lock:
             if getattr(self, "mtp", None) is not None:
                 self.mtp.close()

@@ -343,11 +343,13 @@ def _run_app(eng: "object", model_name: str, remember: bool = True) -> int:
     from moeslots.engine import native
 
     native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
+    app = MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember)  # type: ignore[arg-type]
     try:
-        MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember).run()  # type: ignore[arg-type]
+        app.run()
     finally:
         native.set_log_echo(True)
-        eng.close()  # type: ignore[attr-defined]
+        app._cancel.set()                 # a reply still running in its worker thread stops at the next token
+        eng.close()  # type: ignore[attr-defined]   (waits for that thread)
     return 0
 
 

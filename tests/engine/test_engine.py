@@ -168,3 +168,25 @@ def test_record_then_apply_the_new_profile(tiny_glm: Path, tmp_path: Path) -> No
         assert "x 4 slots" in line and e.cfg.profile == new
     finally:
         e.close()
+
+
+def test_close_waits_for_a_cancelled_reply(tiny_glm: Path) -> None:
+    """The app quits by cancelling and closing while the worker thread may still be decoding (re-picks on)."""
+    import time
+
+    e = Engine(EngineConfig(model=tiny_glm, n_ctx=1024, threads=2, pack_host=True, max_tokens=400, mtp=False,
+                            slots=SlotPlan.uniform([1, 2], 4, 16), repick_every=2, repick_margin=0.0))
+    stop = threading.Event()
+    seen = []
+
+    def run() -> None:
+        for ev in e.chat([Message("user", "go on and on")], cancel=stop):
+            seen.append(ev)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.05)
+    stop.set()
+    e.close()                       # must not free the model under the worker
+    t.join(timeout=10)
+    assert not t.is_alive() and isinstance(seen[-1], Done) and seen[-1].stats.cancelled
