@@ -169,3 +169,76 @@ def render(rows: list[BenchRow], info: dict) -> str:
 
 def save(rows: list[BenchRow], info: dict, path: Path) -> None:
     path.write_text(json.dumps({"info": info, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+
+
+@dataclasses.dataclass
+class MTPRow:
+    slots: int
+    draft: int
+    plain_tok_s: float
+    mtp_tok_s: float
+    acceptance: float
+    tokens_per_step: float
+    same_text: bool
+
+
+def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int], *, n_tokens: int = 128,
+            threads: int | None = None, pack_host: bool = False, seed: int = 0,
+            log: Callable[[str], None] = print) -> list[MTPRow]:
+    """Greedy decode tok/s with and without MTP drafts at each slot count and draft length (plan: top-S of a
+    0-slot profiling pass, the MTP head included when the model has one)."""
+    from moeslots.engine.mtp import MTP, greedy_tokens
+
+    m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True))
+    if not m.mtp_loaded:
+        m.close()
+        raise ValueError(f"{model_path} has no NextN (MTP) block")
+    f = m.facts
+    ctx = Context(m, n_ctx=n_tokens + 256, n_batch=512, threads=threads)
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(0, m.n_vocab - 16, 64)]
+    ctx.enable_stats(ring_rows=0)
+    ctx.decode(prompt, prompt=True)
+    for t in rng.integers(0, m.n_vocab - 16, 128):
+        ctx.decode([int(t)])
+    prof = ctx.read_stats()
+    stats_mod.disable(ctx.ptr)
+    ctx.stats_ring = -1
+    counts = prof.picks_decode + prof.picks_prompt
+    rows: list[MTPRow] = []
+
+    def plain() -> tuple[list[int], float]:
+        ctx.reset()
+        ctx.decode(prompt, prompt=True)
+        out = []
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            t = ctx.argmax()
+            out.append(t)
+            ctx.decode([t])
+        return out, time.perf_counter() - t0
+
+    for s in slot_counts:
+        s = min(s, f.n_expert)
+        m.set_slots(plan_top(counts, f.moe_layers, s) if s else SlotPlan({}), pack_host=pack_host)
+        plain()                                                  # warm-up (graphs)
+        ref, dt_plain = plain()
+        for d in drafts:
+            mtp = MTP(m, ctx, n_draft=d, threads=threads)
+            try:
+                greedy_tokens(mtp, prompt, 16, lambda t: False)    # warm-up
+                mtp.stats = type(mtp.stats)()
+                ctx.reset()
+                t0 = time.perf_counter()
+                got = greedy_tokens(mtp, prompt, n_tokens, lambda t: False)
+                dt = time.perf_counter() - t0
+            finally:
+                mtp.close()
+            row = MTPRow(s, d, n_tokens / dt_plain, len(got) / dt, mtp.stats.acceptance, mtp.stats.tokens_per_step,
+                         got == ref[:len(got)])
+            rows.append(row)
+            log(f"| {s} | {d} | {row.plain_tok_s:.1f} | {row.mtp_tok_s:.1f} | {100 * row.acceptance:.0f} % | "
+                f"{row.tokens_per_step:.2f} | {'yes' if row.same_text else 'NO'} |")
+    ctx.close()
+    m.close()
+    return rows

@@ -156,6 +156,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
         slots = [int(x) for x in a.slots.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
+    if a.mtp:
+        drafts = [int(x) for x in a.mtp.split(",") if x.strip()]
+        print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text |")
+        print("|---|---|---|---|---|---|---|")
+        try:
+            mrows = bench.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,
+                                  pack_host=a.pack_host, log=print)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if a.json:
+            import dataclasses as dc
+            import json
+
+            Path(a.json).write_text(json.dumps([dc.asdict(r) for r in mrows], indent=1))
+        return 0
     rows, info = bench.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                            mmap=not a.no_mmap, pack_host=a.pack_host, greedy_prompts=a.greedy_prompts,
                            greedy_tokens=a.greedy_tokens, with_stats=not a.no_stats, replay_from=a.replay,
@@ -462,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
+    bn.add_argument("--mtp", metavar="D1,D2", help="instead: greedy tok/s with and without MTP at these draft lengths")
     bn.add_argument("--json", help="also write the rows as JSON")
     bn.set_defaults(func=cmd_bench)
 
