@@ -350,6 +350,17 @@ class Engine:
                 self.mtp.truncate(0)
             self._tokens = []
 
+    def set_repick(self, every: int, swaps: int | None = None) -> str:
+        """Turn adaptive residency on (re-pick every `every` decode tokens) or off (0); effective from the next
+        token. Returns a line for the user."""
+        if every < 0:
+            raise EngineError("re-pick interval must be >= 0")
+        self.cfg = dataclasses.replace(self.cfg, repick_every=every,
+                                       repick_swaps=self.cfg.repick_swaps if swaps is None else swaps)
+        self._since_repick = 0
+        return (f"re-pick every {every} tokens, at most {self.cfg.repick_swaps} swaps per layer" if every
+                else "static residency (no re-picks)")
+
     def _maybe_repick(self, n_new: int) -> None:
         """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the
         recent window's picks (profiles.plan.elect, the simulator's rule) and copy only the swapped slabs."""

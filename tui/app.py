@@ -119,6 +119,7 @@ class MoeslotsApp(App[None]):
         Binding("ctrl+e", "export", "Export chat", id="export", show=False),
         Binding("ctrl+y", "copy_last", "Copy answer", id="copy_last", show=False),
         Binding("f2", "system_prompt", "System prompt", id="system_prompt", show=False),
+        Binding("f3", "toggle_repick", "Re-pick", id="repick", show=False),
         Binding("f1", "show_help_panel", "Help", id="help"),
         Binding("escape", "stop", "Stop", id="stop"),
         Binding("ctrl+q", "quit", "Quit", id="quit"),
@@ -386,6 +387,13 @@ class MoeslotsApp(App[None]):
             self.store.set_system(self.chat_id, text)
             self.notify("system prompt set" if text else "system prompt cleared")
 
+    def action_toggle_repick(self) -> None:
+        if not hasattr(self.engine, "set_repick"):
+            return
+        cfg = getattr(self.engine, "cfg", None)
+        on = bool(getattr(cfg, "repick_every", 0))
+        self.notify(self.engine.set_repick(0 if on else 16))
+
     def action_toggle_inspector(self) -> None:
         self._user_toggled = True
         self._set_inspector(not self._inspector_visible)
@@ -423,7 +431,9 @@ class MoeslotsApp(App[None]):
         base.query_one("#uploads", Static).update(
             f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token {snap.cpu_experts_per_token:.1f}"
             f"   pack {snap.pack_bytes / 2**20:.0f} MiB")
-        base.query_one("#whatif", Static).update(getattr(snap, "whatif", "") or "")
+        repick = (f"   re-picks {snap.repicks}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB"
+                  if getattr(snap, "repicks", 0) else "")
+        base.query_one("#whatif", Static).update((getattr(snap, "whatif", "") or "") + repick)
         base.query_one(SlotHeatmap).update_layers(
             [(ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share) for ls in snap.layers])
 

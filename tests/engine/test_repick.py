@@ -75,3 +75,18 @@ def test_engine_repick_every_token_matches_static_output(tiny_glm: Path) -> None
         finally:
             e.close()
     assert texts[0] == texts[1]
+
+
+def test_set_repick_turns_it_on_and_off(tiny_glm: Path) -> None:
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=12, mtp=False,
+                            slots=SlotPlan.uniform([1, 2], 4, 16)))
+    try:
+        assert "every 2 tokens" in e.set_repick(2, swaps=1)
+        list(e.chat([Message("user", "hi")]))
+        assert e.snapshot().repicks >= 4
+        assert "static" in e.set_repick(0)
+        n = e.snapshot().repicks
+        list(e.chat([Message("user", "hi"), Message("assistant", "x"), Message("user", "again")]))
+        assert e.snapshot().repicks == n
+    finally:
+        e.close()

@@ -265,3 +265,24 @@ async def test_new_chat_clears_the_log(store: Store) -> None:
         await pilot.pause(0.2)
         assert app.chat_id != old and not list(app.query("ChatMessage"))
         assert len(store.messages(old)) == 2
+
+
+async def test_repick_toggle(store: Store) -> None:
+    class RepickFake(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            from types import SimpleNamespace
+
+            self.cfg = SimpleNamespace(repick_every=0)
+
+        def set_repick(self, every: int) -> str:
+            self.cfg.repick_every = every
+            return f"re-pick every {every} tokens"
+
+    eng = RepickFake()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("f3")
+        assert eng.cfg.repick_every == 16
+        await pilot.press("f3")
+        assert eng.cfg.repick_every == 0
