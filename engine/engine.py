@@ -22,7 +22,7 @@ from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
-from moeslots.engine.mtp import MTP
+from moeslots.engine.mtp import MTP, sample
 
 if TYPE_CHECKING:
     from moeslots.profiles.trace import Trace
@@ -32,11 +32,11 @@ if TYPE_CHECKING:
 class EngineConfig:
     model: Path
     n_ctx: int = 4096
-    slots: Union[int, str, SlotPlan, None] = 0      # n per layer (needs a profile), "auto" (later), a plan, 0/None
+    slots: Union[int, str, SlotPlan, None] = 0      # n per layer or "auto" (both need a profile), a plan, 0/None
     profile: Path | None = None
     mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
-    async_cpu: bool = True                          # (CPU/GPU overlap arrives with its own issue)
+    async_cpu: bool = True                          # no effect yet: the CPU/GPU chain overlap is a later patch
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
@@ -335,13 +335,7 @@ class Engine:
                              hits / (hits + miss) if hits + miss else 0.0), "".join(text))
 
     def _sample(self, logits: np.ndarray) -> int:
-        if self.cfg.temperature <= 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / self.cfg.temperature
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        return int(self._rng.choice(len(p), p=p))
+        return sample(logits, self.cfg.temperature, self._rng)
 
     def new_chat(self) -> None:
         with self._busy:

@@ -213,6 +213,14 @@ def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
     return e / e.sum()
 
 
+def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    """argmax at temperature 0, else a draw from softmax(logits / temperature)."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    p = softmax(logits, temperature)
+    return int(rng.choice(p.size, p=p))
+
+
 def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Callable[[int], bool]) -> list[int]:
     """Greedy generation with MTP drafts: the same tokens as plain greedy decoding of the target."""
     ctx = mtp.target

@@ -40,14 +40,9 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
     meta = {"arch": f.arch, "n_layer": str(model.n_layer_all), "n_expert": str(f.n_expert),
             "k": str(f.n_expert_used), "model": Path(model_path).name.replace(" ", "_")}
     chunks: list[Trace] = []
-    rng = np.random.default_rng(seed)
+    from moeslots.engine.mtp import sample
 
-    def pick(logits: np.ndarray) -> int:
-        if temperature <= 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / temperature
-        p = np.exp(z - z.max())
-        return int(rng.choice(p.size, p=p / p.sum()))
+    rng = np.random.default_rng(seed)
 
     n_moe = len([il for il in f.moe_layers if il < f.n_layer])
     total_tokens = 0
@@ -63,7 +58,7 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
                     ctx.decode(prompt, all_logits=True, prompt=True)   # all rows output: the last layer routes them all
                     done = 0
                     for _ in range(n_decode):
-                        tok = pick(ctx.logits())
+                        tok = sample(ctx.logits(), temperature, rng)
                         if model.is_eog(tok) or ctx.n_past + 1 >= n_ctx:
                             break
                         ctx.decode([tok])
