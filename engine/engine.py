@@ -25,6 +25,7 @@ from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
 from moeslots.engine.mtp import MTP, sample
 
 if TYPE_CHECKING:
+    from moeslots.profiles.simulate import CostModel
     from moeslots.profiles.trace import Trace
 
 
@@ -354,6 +355,23 @@ class Engine:
         self._since_repick = 0
         return (f"re-pick every {every} tokens, at most {self.cfg.repick_swaps} swaps per layer" if every
                 else "static residency (no re-picks)")
+
+    def set_repick_auto(self, cost: "CostModel | None" = None) -> str:
+        """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
+        model (default: the H200 box's measured rates); returns the one-line reason."""
+        from moeslots.profiles.simulate import choose_repick
+        from moeslots.profiles.trace import TraceError, read_csv
+
+        if self.cfg.profile is None or not self._plan.layers:
+            raise EngineError("--repick auto needs a profile and slots")
+        slots = len(next(iter(self._plan.layers.values())))
+        try:
+            n, why = choose_repick(read_csv(Path(self.cfg.profile)), slots, cost,
+                                   max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
+        except (TraceError, ValueError) as e:
+            raise EngineError(f"--repick auto: {e}") from None
+        self.set_repick(n)
+        return why
 
     def _maybe_repick(self, n_new: int) -> None:
         """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the

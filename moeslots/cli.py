@@ -308,7 +308,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def _parse_repick(v: str | None) -> tuple[int, int]:
-    if not v:
+    if not v or v == "auto":
         return 0, 4
     n, _, m = v.partition(":")
     try:
@@ -332,6 +332,12 @@ def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool
                               pack_host=pack_host, repick_every=every, repick_swaps=swaps))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
+    if repick == "auto":
+        try:
+            eng.notices.append(eng.set_repick_auto())  # type: ignore[attr-defined]
+        except BaseException:
+            eng.close()  # type: ignore[attr-defined]
+            raise
     return eng
 
 
@@ -526,8 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
-    c.add_argument("--repick", metavar="N[:M]", help="re-pick residents every N decode tokens, at most M swaps per "
-                                                       "layer (default: static)")
+    c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
+                                                            "per layer (default: static); auto: simulate the profile")
     c.set_defaults(func=cmd_chat)
 
     ap = sub.add_parser("app", help="(default) the chat app on the default model")

@@ -225,3 +225,37 @@ def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, tra
         gpu = L * k - cpu
         out.append(SimResult(pol, slots, hr, up, cpu, cost.ms_per_token(gpu, cpu, up)))
     return out
+
+
+REPICK_CHOICES = (0, 1, 16, 100, 500)
+
+
+def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
+                  margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES) -> tuple[int, str]:
+    """The re-pick interval (0 = static) with the lowest estimated ms/token on this trace under this cost model,
+    simulated with the engine's rule (plan.elect, at most `max_swaps` per layer, `margin`). Deterministic for a
+    given trace, slots and cost. Returns (N, one line saying why)."""
+    cost = cost or CostModel()
+    layers, P = token_matrix(trace)
+    n_expert = max(trace.n_expert, int(P.max()) + 1)
+    T, L, k = P.shape
+    counts = from_trace(trace, max(layers) + 1, n_expert).counts
+    initial = _resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert)
+    results = []
+    for n in choices:
+        if n == 0:
+            hr, up = _static(P, initial)[0], 0.0
+        else:
+            hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin)
+        cpu = (1 - hr) * L * k
+        results.append((cost.ms_per_token(L * k - cpu, cpu, up), n, hr, up))
+    best = min(results, key=lambda r: (r[0], r[1]))
+    static = next(r for r in results if r[1] == 0)
+    ms, n, hr, up = best
+    if n == 0:
+        why = (f"static: {100 * hr:.0f} % hits at {slots} slots, est. {ms:.2f} ms/token; re-picking would not pay "
+               f"back its uploads at {cost.pcie_gbps:g} GB/s PCIe vs {cost.cpu_gbps:g} GB/s CPU")
+    else:
+        why = (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
+               f"{up * cost.slab_mb:.1f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static")
+    return n, why

@@ -90,3 +90,25 @@ def test_set_repick_turns_it_on_and_off(tiny_glm: Path) -> None:
         assert e.snapshot().repicks == n
     finally:
         e.close()
+
+
+def test_repick_auto_from_the_profile(tiny_glm: Path, tmp_path: Path) -> None:
+    from moeslots.profiles.record import record
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    prof = tmp_path / "prof.csv"
+    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=4, profile=prof, mtp=False))
+    try:
+        why = e.set_repick_auto()
+        assert why.startswith("static") or why.startswith("re-pick every")
+        assert e.set_repick_auto() == why                      # deterministic
+    finally:
+        e.close()
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False))
+    try:
+        with pytest.raises(Exception, match="needs a profile"):
+            e.set_repick_auto()
+    finally:
+        e.close()

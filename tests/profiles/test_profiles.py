@@ -154,3 +154,17 @@ def test_simulation_is_fast_enough() -> None:
     t0 = time.perf_counter()
     simulate(t, 64)
     assert time.perf_counter() - t0 < 10
+
+
+def test_choose_repick_is_deterministic_and_follows_the_costs() -> None:
+    from moeslots.profiles.simulate import choose_repick
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    phases = _trace([[0, 1]] * 200 + [[8, 9]] * 200 + [[4, 5]] * 200, meta=meta)
+    fast_bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1000.0, gpu_gbps=1000.0, base_ms=0.0)
+    slow_bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=0.001, gpu_gbps=1000.0, base_ms=0.0)
+    n1, why1 = choose_repick(phases, 2, fast_bus)
+    assert n1 > 0 and "re-pick every" in why1                    # shifting hot sets + cheap uploads: re-pick
+    assert choose_repick(phases, 2, fast_bus) == (n1, why1)       # deterministic
+    n2, why2 = choose_repick(phases, 2, slow_bus)
+    assert n2 == 0 and why2.startswith("static")                 # uploads too dear: stay static
