@@ -324,6 +324,8 @@ class Engine:
         st1 = ctx.read_stats()
         if self._rec is not None and st_before is not None:
             self._keep_recorded_rows(st_before, st1, n, end=len(toks) + n)
+        if n:
+            self._whatif_line(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
         with self._lock:
@@ -517,7 +519,7 @@ class Engine:
                     int(st.hits[il]) / tot if tot else 0.0, (rtot - r_hit) / rtot if rtot else 0.0))
             n_dec = self._decode_tokens
             misses = int(st.misses.sum())
-            whatif = self._whatif_line(st, plan, n_dec)
+            whatif = self._whatif[0]
             return Snapshot(
                 whatif=whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
                 cpu_experts_per_token=misses / n_dec if n_dec else 0.0,
@@ -532,9 +534,10 @@ class Engine:
 
     def _whatif_line(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> str:
         """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same
-        slots. Recomputed at most every 2 s and after 16 new decode tokens (it is a Python loop over tokens)."""
+        slots. Run by the generating thread after each reply (it is a Python loop over tokens); snapshots read the
+        cached line."""
         line, at, when = self._whatif
-        if n_dec == at or (n_dec - at < 16 and time.monotonic() - when < 2.0) or not plan.layers:
+        if n_dec == at or not plan.layers:
             return line
         from moeslots.profiles.simulate import simulate
         from moeslots.profiles.trace import Trace

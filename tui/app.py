@@ -215,6 +215,8 @@ class MoeslotsApp(App[None]):
             return
         text = event.text.rstrip()
         self._pending_prompt = text
+        self._cancel = threading.Event()          # before any await: an Esc from now on reaches this reply
+        self._generating = True
         self.query_one(Prompt).text = ""
         self.store.add(self.chat_id, "user", text)
         log = self.query_one("#chat-log", VerticalScroll)
@@ -223,8 +225,6 @@ class MoeslotsApp(App[None]):
         await log.mount(self._assistant)
         self._stream = Markdown.get_stream(self._assistant.query_one(Markdown))
         log.scroll_end(animate=False)
-        self._cancel = threading.Event()
-        self._generating = True
         self.generate(self._messages(), self._cancel)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
@@ -262,7 +262,6 @@ class MoeslotsApp(App[None]):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        self._generating = False
         cancelled = bool(event.stats and event.stats.cancelled)
         if event.error:
             self.notify(f"generation failed: {event.error}", severity="error", timeout=10)
@@ -279,6 +278,7 @@ class MoeslotsApp(App[None]):
         if cancelled and not self.query_one(Prompt).text.strip():
             self.query_one(Prompt).text = self._pending_prompt    # Esc puts the prompt back, to edit and resend
         self._assistant = None
+        self._generating = False                  # last: the reply is fully settled (store, log, prompt)
         self.query_one(Prompt).focus()
 
     def _drop_last_user_message(self) -> None:
@@ -286,9 +286,9 @@ class MoeslotsApp(App[None]):
         db.execute("DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages WHERE chat = ? AND role = 'user')",
                    (self.chat_id,))
         db.commit()
-        msgs = list(self.query_one("#chat-log").query(ChatMessage))
-        if msgs and msgs[-1].role == "user":
-            msgs[-1].remove()
+        users = [m for m in self.query_one("#chat-log").query(ChatMessage) if m.role == "user"]
+        if users:
+            users[-1].remove()
 
     def action_stop(self) -> None:
         if self._generating:

@@ -136,7 +136,7 @@ async def test_escape_before_any_text_takes_the_question_back(store: Store) -> N
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "never mind"
         await pilot.press("enter")
-        await pilot.pause(0.1)
+        await _wait(pilot, lambda: app._generating)
         await pilot.press("escape")
         await _wait(pilot, lambda: not app._generating)
         assert store.messages(app.chat_id) == []
