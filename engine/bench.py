@@ -21,6 +21,7 @@ from moeslots.engine import cache
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.profiles.plan import plan_from_counts
 
 
 @dataclasses.dataclass
@@ -37,15 +38,6 @@ class BenchRow:
     distinct_per_layer: float
     top10_share: float
     load_line: str
-
-
-def plan_top(picks: np.ndarray, moe_layers: Sequence[int], n_slots: int) -> SlotPlan:
-    """Per layer the n_slots experts with the most picks (ties -> lower id)."""
-    layers = {}
-    for il in moe_layers:
-        order = np.lexsort((np.arange(picks.shape[1]), -picks[il].astype(np.int64)))
-        layers[il] = tuple(int(e) for e in order[:n_slots])
-    return SlotPlan(layers)
 
 
 def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]:
@@ -117,12 +109,11 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
     assert prof is not None
     profile = prof.picks_decode + prof.picks_prompt
     if not with_stats:
-        stats_mod.disable(ctx.ptr)
-        ctx.stats_ring = -1
+        ctx.disable_stats()
     ref_greedy = None
     for s in slot_counts:
         s = min(s, f.n_expert)
-        line = m.set_slots(plan_top(profile, moe, s), pack_host=pack_host) if s else m.set_slots(SlotPlan({}))
+        line = m.set_slots(SlotPlan(plan_from_counts(profile, s, moe)), pack_host=pack_host)
         log(f"{s} slots: {line}")
         timed()                                              # first run after a reconfigure builds graphs
         pp, per, st, moved = timed()
@@ -202,8 +193,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     for t in rng.integers(0, m.n_vocab - 16, 128):
         ctx.decode([int(t)])
     prof = ctx.read_stats()
-    stats_mod.disable(ctx.ptr)
-    ctx.stats_ring = -1
+    ctx.disable_stats()
     counts = prof.picks_decode + prof.picks_prompt
     rows: list[MTPRow] = []
 
@@ -220,7 +210,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
 
     for s in slot_counts:
         s = min(s, f.n_expert)
-        m.set_slots(plan_top(counts, f.moe_layers, s) if s else SlotPlan({}), pack_host=pack_host)
+        m.set_slots(SlotPlan(plan_from_counts(counts, s, f.moe_layers)), pack_host=pack_host)
         plain()                                                  # warm-up (graphs)
         ref, dt_plain = plain()
         for d in drafts:

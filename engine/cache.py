@@ -36,6 +36,11 @@ class SlotPlan:
     def total_slots(self) -> int:
         return sum(len(v) for v in self.layers.values())
 
+    @property
+    def slots_per_layer(self) -> int:
+        """Slots of the first planned layer (plans made here give every layer the same count); 0 when empty."""
+        return len(next(iter(self.layers.values()))) if self.layers else 0
+
     def slots_of(self, il: int) -> tuple[int, ...]:
         return tuple(self.layers.get(il, ()))
 

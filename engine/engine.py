@@ -199,7 +199,7 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         self.load_line = "expert cache: off"
         self._rec: list[np.ndarray] | None = None   # routing rows recorded so far (while recording)
-        self._whatif = ("", -1, 0.0)                # (line, decode tokens it was computed at, time)
+        self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
         self._since_repick = 0
         self._repicks = self._repick_swaps = self._repick_bytes = 0
         self._rec_tokens = 0
@@ -272,9 +272,7 @@ class Engine:
         p = 0
         while p < min(len(toks) - 1, len(self._tokens)) and toks[p] == self._tokens[p]:
             p += 1
-        L = m._L
-        L.llama_memory_seq_rm(L.llama_get_memory(ctx.ptr), 0, p, -1)
-        ctx.n_past = p
+        ctx.truncate(p)
         if self.mtp is not None:
             self.mtp.truncate(p)
         self._tokens = toks[:p]
@@ -325,7 +323,7 @@ class Engine:
         if self._rec is not None and st_before is not None:
             self._keep_recorded_rows(st_before, st1, n, end=len(toks) + n)
         if n:
-            self._whatif_line(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
+            self._update_whatif(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
         with self._lock:
@@ -366,7 +364,7 @@ class Engine:
 
         if self.cfg.profile is None or not self._plan.layers:
             raise EngineError("--repick auto needs a profile and slots")
-        slots = len(next(iter(self._plan.layers.values())))
+        slots = self._plan.slots_per_layer
         try:
             n, why = choose_repick(read_csv(Path(self.cfg.profile)), slots, cost,
                                    max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
@@ -438,7 +436,7 @@ class Engine:
         from moeslots.profiles.profile import from_trace, overlap
         from moeslots.profiles.trace import read_csv
 
-        s = len(next(iter(self._plan.layers.values())))
+        s = self._plan.slots_per_layer
         a = from_trace(read_csv(Path(self.cfg.profile)), self.model.n_layer_all, self.model.facts.n_expert)
         b = from_trace(read_csv(Path(path)), self.model.n_layer_all, self.model.facts.n_expert)
         layers = list(self._plan.layers)
@@ -480,7 +478,7 @@ class Engine:
 
     def stop_recording(self, path: Path) -> "Trace":
         """Write what was recorded (atomically) and stop; returns the trace."""
-        from moeslots.profiles.trace import Trace, write_csv
+        from moeslots.profiles.trace import from_ring, write_csv
 
         with self._lock:
             rec, self._rec = self._rec, None
@@ -491,7 +489,7 @@ class Engine:
         meta = {"arch": f.arch, "n_layer": str(self.model.n_layer_all), "n_expert": str(f.n_expert),
                 "k": str(f.n_expert_used), "model": Path(f.path).name.replace(" ", "_"),
                 "tokens": str(self._rec_tokens)}
-        t = Trace(rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int32), rows[:, 2:].astype(np.int32), meta)
+        t = from_ring(rows, meta)
         write_csv(t, Path(path))
         return t
 
@@ -532,30 +530,26 @@ class Engine:
                 generating=self._generating, repicks=self._repicks, repick_swaps=self._repick_swaps,
                 repick_mb=self._repick_bytes / 1e6)
 
-    def _whatif_line(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> str:
+    def _update_whatif(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> None:
         """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same
         slots. Run by the generating thread after each reply (it is a Python loop over tokens); snapshots read the
         cached line."""
-        line, at, when = self._whatif
-        if n_dec == at or not plan.layers:
-            return line
+        if n_dec == self._whatif[1] or not plan.layers:
+            return
         from moeslots.profiles.simulate import simulate
-        from moeslots.profiles.trace import Trace
+        from moeslots.profiles.trace import from_ring
 
         ring = st.ring[st.ring[:, 0] >= 0][-256 * max(1, len(plan.layers)):]
         if len(ring) < 8:
-            return line
-        slots = len(next(iter(plan.layers.values())))
-        t = Trace(ring[:, 0].astype(np.int64), ring[:, 1].astype(np.int32), ring[:, 2:].astype(np.int32),
-                  {"n_expert": str(self.model.facts.n_expert)})
+            return
+        slots = plan.slots_per_layer
         try:
-            res = {r.policy: r.hit_rate for r in simulate(t, slots, ["lru", "reelect-16"])}
+            res = {r.policy: r.hit_rate for r in simulate(from_ring(ring, {"n_expert": str(self.model.facts.n_expert)}),
+                                                          slots, ["lru", "reelect-16"])}
         except ValueError:
-            return line
-        line = (f"what-if @{slots}: static {100 * st.hit_rate:.0f} %  lru {100 * res['lru']:.0f} %  "
-                f"re-elect {100 * res['reelect-16']:.0f} %")
-        self._whatif = (line, n_dec, time.monotonic())
-        return line
+            return
+        self._whatif = (f"what-if @{slots}: static {100 * st.hit_rate:.0f} %  lru {100 * res['lru']:.0f} %  "
+                        f"re-elect {100 * res['reelect-16']:.0f} %", n_dec)
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a

@@ -243,6 +243,12 @@ class Context:
         stats.enable(self.ptr, ring_rows)
         self.stats_ring = ring_rows
 
+    def disable_stats(self) -> None:
+        from moeslots.engine import stats
+
+        stats.disable(self.ptr)
+        self.stats_ring = -1
+
     def read_stats(self) -> "RoutingStats":
         from moeslots.engine import stats
 
@@ -271,6 +277,12 @@ class Context:
         mem = self._L.llama_get_memory(self.ptr)
         self._L.llama_memory_clear(mem, True)
         self.n_past = 0
+
+    def truncate(self, pos: int) -> None:
+        """Forget positions >= pos of seq 0 (KV and n_past): prefix reuse, rejected drafts."""
+        if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
+            raise EngineError(f"could not roll the context back to position {pos}")
+        self.n_past = min(self.n_past, pos)
 
     def decode(self, tokens: Sequence[int], *, all_logits: bool = False, prompt: bool = False) -> None:
         """Append tokens to seq 0 in n_batch chunks; logits for the last token (or for every token).

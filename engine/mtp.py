@@ -193,10 +193,7 @@ class MTP:
             while a < len(drafts) and drafts[a] == ys[a]:
                 a += 1
             nxt = ys[a]
-        keep = n + 1 + a
-        if keep < ctx.n_past:
-            self.L.llama_memory_seq_rm(self.L.llama_get_memory(ctx.ptr), 0, keep, -1)
-            ctx.n_past = keep
+        ctx.truncate(n + 1 + a)                                # drop the rejected drafts
         out = [x] + drafts[:a] + [nxt]
         history.extend(out[:-1])
         self.stats.steps += 1

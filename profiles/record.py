@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from moeslots.profiles.trace import Trace, empty, write_csv
+from moeslots.profiles.trace import Trace, empty, from_ring, write_csv
 
 
 @dataclasses.dataclass
@@ -67,8 +67,7 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
                             progress(RecordProgress(name, total_tokens + done, sum(c.n_rows for c in chunks)))
                 finally:
                     ring = ctx.read_stats().ring
-                    chunks.append(Trace(ring[:, 0].astype(np.int64), ring[:, 1].astype(np.int32),
-                                        ring[:, 2:].astype(np.int32), meta))
+                    chunks.append(from_ring(ring, meta))
                     total_tokens += int((ring[:, 0] >= 0).sum() // max(1, n_moe))
     finally:
         trace = (Trace(np.concatenate([c.pos for c in chunks]), np.concatenate([c.layer for c in chunks]),

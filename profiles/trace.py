@@ -71,6 +71,12 @@ class Trace:
         return f"{self.n_layer} layers x {self.n_expert} experts, k={self.k}"
 
 
+def from_ring(rows: np.ndarray, meta: Mapping[str, str] | None = None) -> Trace:
+    """A trace from the engine's routing ring rows [pos, layer, id0..] (prompt rows already negative)."""
+    return Trace(rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int32), rows[:, 2:].astype(np.int32),
+                 dict(meta or {}))
+
+
 def empty(k: int, meta: Mapping[str, str] | None = None) -> Trace:
     return Trace(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, k), np.int32), dict(meta or {}))
 
