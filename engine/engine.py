@@ -500,15 +500,16 @@ class Engine:
             st = self.ctx.read_stats()
             plan = self._plan
             f = self.model.facts
-            ring = st.ring
-            recent = ring[ring[:, 0] >= 0] if len(ring) else ring
+            recent = st.ring[st.ring[:, 0] >= 0]
+            # recent picks per (layer, expert) in one pass over the ring (this runs every UI refresh)
+            keys = (recent[:, 1:2].astype(np.int64) * f.n_expert + recent[:, 2:]).ravel()
+            counts = np.bincount(keys, minlength=self.model.n_layer_all * f.n_expert).reshape(-1, f.n_expert)
             layers = []
             for il in f.moe_layers:
                 if il >= f.n_layer:
                     continue
                 slots = plan.slots_of(il)
-                rows = recent[recent[:, 1] == il][:, 2:] if len(recent) else np.zeros((0, f.n_expert_used), np.int32)
-                rc = np.bincount(rows.ravel(), minlength=f.n_expert) if rows.size else np.zeros(f.n_expert, np.int64)
+                rc = counts[il]
                 tot = int(st.hits[il] + st.misses[il])
                 rtot = int(rc.sum())
                 r_hit = int(sum(rc[e] for e in slots))

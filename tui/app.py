@@ -141,6 +141,7 @@ class MoeslotsApp(App[None]):
         self._stream: Any = None
         self._last_answer = ""
         self._inspector_visible = True
+        self._user_toggled = False        # once the user toggles the inspector, resizing no longer hides it
 
     # -- layout ------------------------------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class MoeslotsApp(App[None]):
 
     def on_resize(self, event: Any = None) -> None:
         narrow = self.size.width < 110
-        if narrow and self._inspector_visible and not getattr(self, "_user_toggled", False):
+        if narrow and self._inspector_visible and not self._user_toggled:
             self._set_inspector(False)
 
     def _set_inspector(self, visible: bool) -> None:
