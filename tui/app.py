@@ -272,7 +272,7 @@ class MoeslotsApp(App[None]):
             # nothing said: take the question back out of the chat
             if self._assistant is not None:
                 await self._assistant.remove()
-            self._drop_last_user_message()
+            await self._drop_last_user_message()
         elif event.text or not event.error:
             self.store.add(self.chat_id, "assistant", event.text)
             self._last_answer = event.text
@@ -282,14 +282,14 @@ class MoeslotsApp(App[None]):
         self._generating = False                  # last: the reply is fully settled (store, log, prompt)
         self.query_one(Prompt).focus()
 
-    def _drop_last_user_message(self) -> None:
+    async def _drop_last_user_message(self) -> None:
         db = self.store.db
         db.execute("DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages WHERE chat = ? AND role = 'user')",
                    (self.chat_id,))
         db.commit()
         users = [m for m in self.query_one("#chat-log").query(ChatMessage) if m.role == "user"]
         if users:
-            users[-1].remove()
+            await users[-1].remove()
 
     def action_stop(self) -> None:
         if self._generating:
