@@ -48,7 +48,11 @@ def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]
 
 def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,
         threads: int | None = None, mmap: bool = True, pack_host: bool = False, greedy_prompts: int = 4,
-        greedy_tokens: int = 256, seed: int = 0, with_stats: bool = True, replay_from: str | None = None, log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
+        greedy_tokens: int = 256, seed: int = 0, with_stats: bool = True, replay_from: str | None = None,
+        greedy_slots: Sequence[int] | None = None,
+        log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
+    """greedy_slots: the slot counts that get the greedy-agreement run (None: all; 0 always runs when any does,
+    it is the reference)."""
     opts = LoadOptions(experts_on_host=True, use_mmap=mmap)
     m = Model(model_path, opts)
     f = m.facts
@@ -89,6 +93,13 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
         st = ctx.read_stats() if ctx.stats_ring >= 0 else None
         return pp, per, st, moved
 
+    def warm() -> None:
+        """After a reconfigure: build the prompt-path and decode-path graphs once."""
+        ctx.reset()
+        ctx.decode(prompt[:64], prompt=True)
+        for t in stream[:4]:
+            ctx.decode([t])
+
     def greedy() -> list[list[int]]:
         outs = []
         for start in greedy_starts:
@@ -115,9 +126,10 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
         s = min(s, f.n_expert)
         line = m.set_slots(SlotPlan(plan_from_counts(profile, s, moe)), pack_host=pack_host)
         log(f"{s} slots: {line}")
-        timed()                                              # first run after a reconfigure builds graphs
+        warm()
         pp, per, st, moved = timed()
-        g = greedy() if greedy_prompts else None
+        want = greedy_prompts and (greedy_slots is None or s in greedy_slots or (s == 0 and ref_greedy is None))
+        g = greedy() if want else None
         if s == 0:
             ref_greedy = g
         agree = None

@@ -148,6 +148,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from moeslots.engine import bench, native
 
@@ -174,6 +181,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     rows, info = bench.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                            mmap=not a.no_mmap, pack_host=a.pack_host, greedy_prompts=a.greedy_prompts,
                            greedy_tokens=a.greedy_tokens, with_stats=not a.no_stats, replay_from=a.replay,
+                           greedy_slots=_int_list(a.greedy_slots, "--greedy-slots") if a.greedy_slots else None,
                            log=lambda m: print(m, file=sys.stderr))
     print(bench.render(rows, info))
     if a.json:
@@ -480,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--pack-host", action="store_true", help="hot packs in host memory (CPU-only testing)")
     bn.add_argument("--greedy-prompts", type=int, default=4)
     bn.add_argument("--greedy-tokens", type=int, default=256)
+    bn.add_argument("--greedy-slots", metavar="S1,S2", help="only these slot counts get the greedy-agreement run "
+                    "(default: all; 0 is the reference)")
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")

@@ -1,0 +1,144 @@
+"""Export trained weights (weights.pt or ckpt.pt) + tokenizer.json to a `glm4moe` GGUF with its NextN block.
+
+F32 export first (every tensor as trained, float16-rounded weights widened to float32); `--quant q4_k_m` then
+quantizes it with the patched engine (llama.cpp's own quantizer) into the shipped file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from model import Config
+from tok import CHAT_TEMPLATE, SPECIALS
+
+
+def load_weights(path: Path) -> tuple[Config, dict[str, np.ndarray]]:
+    c = torch.load(path, map_location="cpu", weights_only=False)
+    sd = c["weights"] if "weights" in c else c["model"]
+    return Config(**c["config"]), {k: v.float().numpy() for k, v in sd.items()}
+
+
+def tensors(c: Config, w: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, array) in GGUF order; numpy shapes are torch shapes (ggml ne reversed)."""
+    out = [("token_embd.weight", w["embed.weight"]), ("output_norm.weight", w["out_norm"]),
+           ("output.weight", w["output.weight"])]
+
+    def block(i: int, p: str) -> None:
+        b = f"blk.{i}."
+        out.extend([(b + "attn_norm.weight", w[p + "attn_norm"])])
+        for n in ("q", "k", "v"):
+            out.append((b + f"attn_{n}.weight", w[p + f"attn.{n}.weight"]))
+            out.append((b + f"attn_{n}.bias", w[p + f"attn.{n}.bias"]))
+        out.append((b + "attn_output.weight", w[p + "attn.o.weight"]))
+        out.append((b + "post_attention_norm.weight", w[p + "post_norm"]))
+        f = p + "ffn."
+        if f + "router.weight" in w:
+            out.extend([(b + "ffn_gate_inp.weight", w[f + "router.weight"]),
+                        (b + "exp_probs_b.bias", w[f + "sel_bias"]),
+                        (b + "ffn_gate_exps.weight", w[f + "gate"]),
+                        (b + "ffn_up_exps.weight", w[f + "up"]),
+                        (b + "ffn_down_exps.weight", w[f + "down"]),
+                        (b + "ffn_gate_shexp.weight", w[f + "shared.gate.weight"]),
+                        (b + "ffn_up_shexp.weight", w[f + "shared.up.weight"]),
+                        (b + "ffn_down_shexp.weight", w[f + "shared.down.weight"])])
+        else:
+            out.extend([(b + "ffn_gate.weight", w[f + "gate.weight"]), (b + "ffn_up.weight", w[f + "up.weight"]),
+                        (b + "ffn_down.weight", w[f + "down.weight"])])
+
+    for i in range(c.n_layer):
+        block(i, f"blocks.{i}.")
+    n = c.n_layer
+    block(n, "nextn.block.")
+    out.extend([(f"blk.{n}.nextn.eh_proj.weight", w["nextn.eh_proj.weight"]),
+                (f"blk.{n}.nextn.enorm.weight", w["nextn.enorm"]),
+                (f"blk.{n}.nextn.hnorm.weight", w["nextn.hnorm"]),
+                (f"blk.{n}.nextn.shared_head_norm.weight", w["nextn.head_norm"])])
+    return out
+
+
+def gpt2_vocab(tokenizer: Path) -> tuple[list[str], list[int], list[str]]:
+    j = json.loads(tokenizer.read_text())
+    vocab: dict[str, int] = dict(j["model"]["vocab"])
+    for t in j["added_tokens"]:
+        vocab[t["content"]] = t["id"]
+    toks = [""] * len(vocab)
+    for s, i in vocab.items():
+        toks[i] = s
+    types = [gguf.TokenType.CONTROL if s in SPECIALS else gguf.TokenType.NORMAL for s in toks]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    return toks, [int(t) for t in types], merges
+
+
+def write_f32(c: Config, w: dict[str, np.ndarray], tokenizer: Path, out: Path, name: str) -> None:
+    wr = gguf.GGUFWriter(str(out) + ".part", "glm4moe")
+    wr.add_name(name)
+    wr.add_block_count(c.n_layer + 1)
+    wr.add_context_length(c.n_ctx)
+    wr.add_embedding_length(c.n_embd)
+    wr.add_feed_forward_length(c.n_ff)
+    wr.add_head_count(c.n_head)
+    wr.add_head_count_kv(c.n_head_kv)
+    wr.add_key_length(c.head_dim)
+    wr.add_value_length(c.head_dim)
+    wr.add_rope_dimension_count(c.n_rot)
+    wr.add_rope_freq_base(c.rope_base)
+    wr.add_layer_norm_rms_eps(c.eps)
+    wr.add_expert_count(c.n_expert)
+    wr.add_expert_used_count(c.n_expert_used)
+    wr.add_expert_feed_forward_length(c.n_ff_exp)
+    wr.add_expert_shared_count(1)
+    wr.add_leading_dense_block_count(c.n_dense_lead)
+    wr.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    wr.add_expert_weights_norm(True)
+    wr.add_expert_weights_scale(1.0)
+    wr.add_nextn_predict_layers(1)
+    toks, types, merges = gpt2_vocab(tokenizer)
+    assert len(toks) == c.vocab, (len(toks), c.vocab)
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("gpt-2")
+    wr.add_token_list(toks)
+    wr.add_token_types(types)
+    wr.add_token_merges(merges)
+    wr.add_bos_token_id(0)
+    wr.add_eos_token_id(0)
+    wr.add_add_bos_token(False)
+    wr.add_chat_template(CHAT_TEMPLATE)
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for n, a in tensors(c, w):
+        wr.add_tensor(n, np.ascontiguousarray(a, dtype=np.float32))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    os.replace(str(out) + ".part", out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("weights", type=Path)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("-o", "--out", type=Path, required=True, help="F32 GGUF")
+    ap.add_argument("--quant", choices=["q4_k_m", "q8_0"], help="also write a quantized copy (needs moeslots)")
+    ap.add_argument("--quant-out", type=Path)
+    ap.add_argument("--name", default="moeslots-tiny-glm4moe")
+    a = ap.parse_args()
+    c, w = load_weights(a.weights)
+    write_f32(c, w, a.tokenizer, a.out, a.name)
+    print(f"wrote {a.out} ({a.out.stat().st_size / 2**20:.1f} MiB)")
+    if a.quant:
+        from moeslots.engine.synth import quantize
+
+        q = a.quant_out or a.out.with_name(a.out.stem + f"-{a.quant}.gguf")
+        quantize(a.out, q, a.quant)
+        print(f"wrote {q} ({q.stat().st_size / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""`moeslots bench` on a tiny model with host packs: rows for every slot count, hit rate rising with slots, no
+weight bytes to a GPU, greedy agreement only where asked (0 = reference) and exact on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moeslots.engine import bench
+
+
+def test_bench_rows(tiny_qwen: Path) -> None:
+    logs: list[str] = []
+    rows, info = bench.run(tiny_qwen, [0, 4, 8], n_decode=8, prompt_len=40, threads=2, pack_host=True,
+                           greedy_prompts=1, greedy_tokens=6, greedy_slots=[8], log=logs.append)
+    assert [r.slots for r in rows] == [0, 4, 8]
+    assert rows[0].hit_rate == 0.0 and 0.0 < rows[1].hit_rate < rows[2].hit_rate
+    assert all(r.upload_mb_per_token == 0.0 and r.decode_tok_s > 0 and r.prompt_tok_s > 0 for r in rows)
+    assert rows[0].greedy_agreement == 1.0 and rows[1].greedy_agreement is None and rows[2].greedy_agreement == 1.0
+    assert info["routing"] == "the model's router"
+    table = bench.render(rows, info)
+    assert table.count("\n| ") == 4 and "| 8 |" in table
