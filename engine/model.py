@@ -213,7 +213,8 @@ class Context:
     """A llama_context with a greedy-decoding helper. One sequence (seq 0)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int | None = None,
-                 threads: int | None = None, cb_eval: Any = None, embeddings_all: bool = False):
+                 threads: int | None = None, cb_eval: Any = None, embeddings_all: bool = False,
+                 kv_f32: bool = False):
         L = model._L
         self.model, self._L = model, L
         cp = L.llama_context_default_params()
@@ -222,6 +223,9 @@ class Context:
         cp.n_ubatch = n_ubatch or n_batch
         cp.n_threads = cp.n_threads_batch = threads or default_threads()
         cp.no_perf = True
+        if kv_f32:                      # reference comparisons: F32 KV cache, plain attention (no flash attention)
+            cp.type_k = cp.type_v = 0   # GGML_TYPE_F32
+            cp.flash_attn_type = 0      # LLAMA_FLASH_ATTN_TYPE_DISABLED
         if cb_eval is not None:
             self._cb = cb_eval          # keep the CFUNCTYPE alive as long as the context
             cp.cb_eval = cb_eval

@@ -503,18 +503,6 @@ def routing_check(path: Path, n_tokens: int = 256, threads: int | None = None, s
 # the demo model
 
 
-DEMO_SPEC = SynthSpec(arch="glm4moe", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_expert=32, n_expert_used=4,
-                      n_ff_exp=256, n_ff=512, n_vocab=512, nextn=True, dtype="f16", seed=7)
-
-
 def data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "moeslots"
-
-
-def default_demo_model() -> Path:
-    """The synthetic demo model, written on first use (until the bundled trained model exists)."""
-    path = data_dir() / "models" / "synthetic-glm4moe-demo.gguf"
-    if not path.exists():
-        write_model(DEMO_SPEC, path, name="moeslots synthetic demo")
-    return path

@@ -304,14 +304,17 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    """Greedy text from the synthetic demo model (written on first use), without the app."""
-    from moeslots.engine import native, synth
+    """Greedy text from the bundled model, without the app."""
+    from moeslots.engine import bundled, native
 
     native.require_patched()
-    path = synth.default_demo_model()
+    try:
+        path = bundled.model()
+    except EngineError as e:
+        raise UserError(str(e)) from None
     ns = argparse.Namespace(model=str(path), prompt=a.prompt, n_predict=a.n_predict, ctx=1024, threads=None,
                             experts_on_gpu=False, gpu_layers=-1, quiet=False)
-    print(f"[moeslots demo: greedy text from the synthetic model {path}]", file=sys.stderr)
+    print(f"[moeslots demo: greedy text from the bundled model {path.name}]", file=sys.stderr)
     return cmd_generate(ns)
 
 
@@ -394,9 +397,9 @@ def cmd_chat(a: argparse.Namespace) -> int:
 
 
 def cmd_app(a: argparse.Namespace) -> int:
-    """`moeslots` alone: the app on the default model (the synthetic demo until the trained model is bundled),
-    with a demo profile recorded on first use."""
-    from moeslots.engine import native, synth
+    """`moeslots` alone: the app on the default model: the bundled trained model (engine/assets) with its merged
+    code+chat profile and a quarter of its experts in slots, unless config.toml names another."""
+    from moeslots.engine import bundled, native
 
     native.require_patched()
     app_cfg = _config().get("app", {})
@@ -404,16 +407,13 @@ def cmd_app(a: argparse.Namespace) -> int:
         ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096,
                                 repick=None)
         return cmd_chat(ns)
-    path = synth.default_demo_model()
-    prof = path.with_suffix(".profile.csv")
-    if not prof.exists():
-        from moeslots.profiles.record import record
+    try:
+        path, prof = bundled.model(), bundled.profile("merged")
+    except EngineError as e:
+        raise UserError(str(e)) from None
+    from moeslots.engine.model import inspect_gguf
 
-        tmp = path.parent / "demo-prompt.txt"
-        tmp.write_text("Explain how an expert cache keeps the most used experts on the GPU.")
-        print("recording a demo profile (first start only)...", file=sys.stderr)
-        record(path, [tmp], prof, n_decode=128, temperature=1.0)
-    eng = _open_engine(path, prof, str(synth.DEMO_SPEC.n_expert // 4), True, None, 2048)
+    eng = _open_engine(path, prof, str(inspect_gguf(path).n_expert // 4), True, None, 4096)
     return _run_app(eng, path.name, remember=False)
 
 
@@ -549,9 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = sub.add_parser("app", help="(default) the chat app on the default model")
     ap.set_defaults(func=cmd_app)
 
-    m = sub.add_parser("demo", help="greedy text from the synthetic demo model, without the app")
-    m.add_argument("-p", "--prompt", default="The expert cache")
-    m.add_argument("-n", "--n-predict", type=int, default=48)
+    m = sub.add_parser("demo", help="greedy text from the bundled model, without the app")
+    m.add_argument("-p", "--prompt", default="def parse_args(argv):\n")
+    m.add_argument("-n", "--n-predict", type=int, default=64)
     m.set_defaults(func=cmd_demo)
     return p
 

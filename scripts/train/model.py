@@ -111,6 +111,7 @@ class MoE(nn.Module):
         self.down = nn.Parameter(torch.randn(E, d, f) / math.sqrt(f) * 0.5)
         self.shared = DenseFFN(d, f)
         self.last_ids: torch.Tensor | None = None               # [T, k] of the last forward (stats, balancing)
+        self.last_sel: torch.Tensor | None = None               # [T, E] selection scores of the last forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.c
@@ -118,7 +119,9 @@ class MoE(nn.Module):
         xt = x.reshape(-1, shape[-1])
         T, k, E = xt.shape[0], c.n_expert_used, c.n_expert
         probs = torch.sigmoid(self.router(xt).float())            # [T, E]
-        ids = torch.topk(probs + self.sel_bias, k, dim=-1).indices
+        sel = probs + self.sel_bias
+        ids = torch.topk(sel, k, dim=-1).indices
+        self.last_sel = sel.detach()
         w = probs.gather(-1, ids)
         w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
         self.last_ids = ids.detach()

@@ -19,6 +19,6 @@ python3 "$D/train.py" --corpus "$W/corpus" --tokenizer "$W/tokenizer.json" --out
   2>&1 | tee -a "$W/train.log"
 [ "${3:-}" = train-only ] && exit 0
 python3 "$D/export.py" "$W/weights.pt" --tokenizer "$W/tokenizer.json" -o "$W/model-f32.gguf" \
-  --quant q4_k_m --quant-out "$W/model.gguf"
+  --quant mix --quant-out "$W/model.gguf"
 python3 "$D/validate.py" --weights "$W/weights.pt" --tokenizer "$W/tokenizer.json" --corpus "$W/corpus" \
   --f32 "$W/model-f32.gguf" --quant "$W/model.gguf" --threads "$(nproc)" --json "$W/validation.json"

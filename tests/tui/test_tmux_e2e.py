@@ -1,4 +1,4 @@
-"""End to end: the real app (`moeslots`, default synthetic model) in tmux: a reply appears, the load line and the
+"""End to end: the real app (`moeslots`, the bundled model) in tmux: a reply appears, the load line and the
 heatmap rows appear, and changing the slots works."""
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ def test_app_in_tmux(tmp_path: Path) -> None:
     _tmux(session, "new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmd, check=True)
     _tmux(session, "resize-window", "-t", session, "-x", "150", "-y", "45")
     try:
-        # first start writes the model and records a demo profile
-        _wait_for(session, "expert cache: 3 layers x 8 slots", timeout=120)
-        _tmux(session, "send-keys", "-t", session, "How do experts work?", "Enter", check=True)
+        # the bundled model with its merged profile, a quarter of its 64 experts in slots
+        _wait_for(session, "expert cache: 6 layers x 16 slots", timeout=120)
+        _tmux(session, "send-keys", "-t", session, "What does `os.path.join` do?", "Enter", check=True)
         text = _wait_for(session, "assistant ▸")
-        _wait_for(session, "what-if @8")                      # the inspector drew the simulator line
+        _wait_for(session, "what-if @16")                     # the inspector drew the simulator line
         text = _pane(session)
-        assert "L01" in text and "L03" in text and "miss" in text
+        assert "L01" in text and "L06" in text and "miss" in text
         _wait_still(session)                                   # the reply has finished
         _tmux(session, "send-keys", "-t", session, "C-s", check=True)
         _wait_for(session, "Slots per layer")

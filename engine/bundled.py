@@ -1,0 +1,37 @@
+"""The bundled default model (trained for this project, scripts/train/, docs/model.md) and its profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moeslots.engine.errors import EngineError
+
+NAME = "moeslots-tiny-glm4moe"
+_ASSETS = Path(__file__).resolve().parent / "assets"
+_PROFILES = Path(__file__).resolve().parent.parent / "profiles" / "data"
+
+
+def _profiles_dir() -> Path:
+    try:                                  # installed: the moeslots.profiles package directory
+        import moeslots.profiles as p
+
+        return Path(p.__file__).resolve().parent / "data"
+    except ImportError:  # pragma: no cover
+        return _PROFILES
+
+
+def model() -> Path:
+    p = _ASSETS / f"{NAME}.gguf"
+    if not p.is_file():
+        raise EngineError(f"the bundled model is missing ({p}): reinstall moeslots, or pass a model path")
+    return p
+
+
+def profile(workload: str = "merged") -> Path:
+    """workload: code | chat | merged (code + chat, the default plan)."""
+    if workload not in ("code", "chat", "merged"):
+        raise EngineError(f"no bundled profile for workload {workload!r} (code, chat or merged)")
+    p = _profiles_dir() / f"{NAME}-{workload}.csv"
+    if not p.is_file():
+        raise EngineError(f"the bundled profile is missing ({p}): reinstall moeslots")
+    return p
