@@ -186,10 +186,11 @@ class MTPRow:
 
 
 def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int], *, n_tokens: int = 128,
-            threads: int | None = None, pack_host: bool = False, seed: int = 0,
+            threads: int | None = None, pack_host: bool = False, seed: int = 0, prompt_text: str | None = None,
             log: Callable[[str], None] = print) -> list[MTPRow]:
     """Greedy decode tok/s with and without MTP drafts at each slot count and draft length (plan: top-S of a
-    0-slot profiling pass, the MTP head included when the model has one)."""
+    0-slot profiling pass, the MTP head included when the model has one). prompt_text: a user turn rendered with
+    the model's chat template (trained models: real acceptance); default random tokens."""
     from moeslots.engine.mtp import MTP, greedy_tokens
 
     m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True))
@@ -200,6 +201,10 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     ctx = Context(m, n_ctx=n_tokens + 256, n_batch=512, threads=threads)
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(0, m.n_vocab - 16, 64)]
+    if prompt_text is not None:
+        from moeslots.engine.engine import Message, render_chat
+
+        prompt = m.tokenize(render_chat(m, [Message("user", prompt_text)]), add_special=False, parse_special=True)
     ctx.enable_stats(ring_rows=0)
     ctx.decode(prompt, prompt=True)
     for t in rng.integers(0, m.n_vocab - 16, 128):
@@ -244,3 +249,120 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     ctx.close()
     m.close()
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# adaptive residency: static vs re-pick every N tokens, under replayed routing, with the simulator's prediction
+
+
+@dataclasses.dataclass
+class RepickRow:
+    routing: str
+    slots: int
+    every: int                       # 0: static
+    decode_tok_s: float
+    ms_per_token_median: float
+    hit_rate: float
+    mb_moved_per_token: float
+    swaps: int
+    scheduler_mb_per_token: float    # weights the scheduler copied (must stay 0)
+    sim_hit_rate: float
+    sim_mb_per_token: float
+    sim_ms_per_token: float
+
+
+def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence[int], routings: Sequence[str], *,
+               n_decode: int = 256, profile_rows: int = 1024, threads: int | None = None, mmap: bool = True,
+               pack_host: bool = False, max_swaps: int = 4, window: int = 64, margin: float = 0.25,
+               cost: "object | None" = None, log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
+    """For each routing (a trace CSV, or "uniform"), replayed through the router: the static plan is the top-S of
+    the first `profile_rows` rows (the profile); the timed decode replays the rows after them. Re-picks run
+    between decode steps exactly as in the engine (cache.repick), their copies inside the timed step. The
+    simulator runs the same rows with the same rule (profiles.simulate._reelect) under `cost`."""
+    from moeslots.engine import replay
+    from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static
+
+    m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
+    f = m.facts
+    moe = [il for il in f.moe_layers if il < f.n_layer]
+    slab_mb = f.slab_bytes / 1e6
+    cost = cost or CostModel(slab_mb=slab_mb)
+    ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
+    ctx.enable_stats(ring_rows=(window + 8) * (len(moe) + 2))
+    rng = np.random.default_rng(0)
+    toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_decode + 16)]
+    info = {"model": str(model_path), "n_layer": f.n_layer, "n_expert": f.n_expert, "k": f.n_expert_used,
+            "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
+            "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
+            "routings": {}}
+    rows: list[RepickRow] = []
+    try:
+        for routing in routings:
+            full = (replay.uniform(profile_rows + n_decode + 16, len(moe), f.n_expert, f.n_expert_used, seed=7)
+                    if routing == "uniform" else replay.from_trace(Path(routing), f.n_expert, f.n_expert_used))
+            need = profile_rows + n_decode + 16
+            if full.n_rows < need:
+                raise ValueError(f"{routing}: {full.n_rows} decode rows, the benchmark needs {need}")
+            col = np.array([il % full.ids.shape[1] for il in moe])        # the patch's il % n_layer mapping
+            prof = full.ids[:profile_rows][:, col]                         # [T, L, k] per model MoE layer
+            test = full.ids[profile_rows:profile_rows + n_decode + 16]
+            replay.set_replay(ctx.ptr, replay.ReplayTable(test, full.source))
+            name = "uniform" if routing == "uniform" else Path(routing).stem
+            info["routings"][name] = full.source
+            counts = np.zeros((f.n_layer + f.n_nextn, f.n_expert), np.int64)
+            for j, il in enumerate(moe):
+                counts[il] = np.bincount(prof[:, j].ravel(), minlength=f.n_expert)
+            P = test[16:16 + n_decode][:, col]                           # the timed decode rows
+            for s in slot_counts:
+                plan0 = SlotPlan(plan_from_counts(counts, s, moe))
+                initial = _resident_from_plan(dict(plan0.layers), moe, f.n_expert)
+                for every in intervals:
+                    plan = plan0
+                    m.set_slots(plan, pack_host=pack_host)
+                    ctx.reset()
+                    ctx.decode(toks[:12], prompt=True)                     # rows 0..11: prompt
+                    for t in toks[12:16]:                                 # rows 12..15: graphs, ring warm
+                        ctx.decode([t])
+                    stats_mod.reset(ctx.ptr)
+                    b0 = stats_mod.weight_copy_bytes()
+                    per, moved, swaps, since = [], 0, 0, 0
+                    for t in toks[16:16 + n_decode]:
+                        t1 = time.perf_counter()
+                        ctx.decode([t])
+                        since += 1
+                        if every and since >= every:
+                            since = 0
+                            plan, n_sw, n_b = cache.repick(m.ptr, plan, ctx.read_stats().ring, f.n_expert,
+                                                           max_swaps=max_swaps, window=window, margin=margin)
+                            swaps, moved = swaps + n_sw, moved + n_b
+                        per.append(time.perf_counter() - t1)
+                    st = ctx.read_stats()
+                    sched = stats_mod.weight_copy_bytes() - b0
+                    if every:
+                        shr, sup = _reelect(P, s, f.n_expert, every, max(window, every), initial,
+                                            max_swaps=max_swaps, margin=margin)
+                    else:
+                        shr, sup = _static(P, initial)[0], 0.0
+                    L, k = P.shape[1], P.shape[2]
+                    cpu = (1 - shr) * L * k
+                    row = RepickRow(name, s, every, len(per) / sum(per), 1000 * statistics.median(per), st.hit_rate,
+                                    moved / len(per) / 1e6, swaps, sched / len(per) / 1e6, shr,
+                                    sup * slab_mb, cost.ms_per_token(L * k - cpu, cpu, sup))
+                    rows.append(row)
+                    log(render_repick_row(row))
+    finally:
+        replay.set_replay(ctx.ptr, None)
+        ctx.close()
+        m.close()
+    return rows, info
+
+
+REPICK_HEADER = ("| routing | slots | policy | tok/s | ms/token | hit % | MB moved/token | swaps | sim hit % | "
+                 "sim MB/token | sim ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def render_repick_row(r: RepickRow) -> str:
+    pol = "static" if r.every == 0 else f"re-pick {r.every}"
+    return (f"| {r.routing} | {r.slots} | {pol} | {r.decode_tok_s:.1f} | {r.ms_per_token_median:.2f} | "
+            f"{100 * r.hit_rate:.1f} | {r.mb_moved_per_token:.2f} | {r.swaps} | {100 * r.sim_hit_rate:.1f} | "
+            f"{r.sim_mb_per_token:.2f} | {r.sim_ms_per_token:.2f} |")

@@ -103,6 +103,33 @@ def swap(model_ptr: int, layer: int, slot: int, expert: int) -> int:
     return n
 
 
+def repick(model_ptr: int, plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps: int, window: int,
+           margin: float) -> tuple[SlotPlan, int, int]:
+    """One re-pick (adaptive residency): per layer, elect residents from the decode rows of the last `window`
+    positions in the routing ring (profiles.plan.elect, the simulator's reelect rule) and copy only the swapped
+    slabs. Returns (new plan, swaps, bytes copied)."""
+    import numpy as np
+
+    from moeslots.profiles.plan import elect
+
+    ring = ring[ring[:, 0] >= 0]
+    if not len(ring) or not plan.layers:
+        return plan, 0, 0
+    recent = ring[ring[:, 0] > int(ring[:, 0].max()) - window]
+    layers = dict(plan.layers)
+    moved = swaps = 0
+    for il, slots in layers.items():
+        rows = recent[recent[:, 1] == il][:, 2:]
+        scores = np.bincount(rows.ravel(), minlength=n_expert).astype(np.float64)
+        new = list(slots)
+        for slot, e in elect(scores, slots, max_swaps, margin):
+            moved += swap(model_ptr, il, slot, e)
+            new[slot] = e
+            swaps += 1
+        layers[il] = tuple(new)
+    return SlotPlan(layers), swaps, moved
+
+
 def clear(model_ptr: int) -> None:
     _bind().llama_moeslots_cache_clear(model_ptr)
 

@@ -365,13 +365,26 @@ class Engine:
         if self.cfg.profile is None or not self._plan.layers:
             raise EngineError("--repick auto needs a profile and slots")
         slots = self._plan.slots_per_layer
+        source = "given costs"
+        if cost is None:
+            from moeslots.engine import calibrate
+
+            cal = calibrate.load()
+            slab_mb = self.model.facts.slab_bytes / 1e6 or None
+            if cal is not None:
+                cost, source = cal.cost_model(slab_mb), f"costs calibrated on this machine {cal.date}"
+            else:
+                from moeslots.profiles.simulate import CostModel
+
+                cost = CostModel(slab_mb=slab_mb or CostModel.slab_mb)
+                source = "default costs (H200 box): run `moeslots doctor --calibrate MODEL` for this machine's"
         try:
             n, why = choose_repick(read_csv(Path(self.cfg.profile)), slots, cost,
                                    max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
         except (TraceError, ValueError) as e:
             raise EngineError(f"--repick auto: {e}") from None
         self.set_repick(n)
-        return why
+        return f"{why} [{source}]"
 
     def _maybe_repick(self, n_new: int) -> None:
         """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the
@@ -383,27 +396,13 @@ class Engine:
         if self._since_repick < n:
             return
         self._since_repick = 0
-        from moeslots.profiles.plan import elect
-
-        f = self.model.facts
-        ring = self.ctx.read_stats().ring
-        ring = ring[ring[:, 0] >= 0]
-        if not len(ring):
+        plan, swaps, moved = cache_mod.repick(self.model.ptr, self._plan, self.ctx.read_stats().ring,
+                                              self.model.facts.n_expert, max_swaps=self.cfg.repick_swaps,
+                                              window=self.cfg.repick_window, margin=self.cfg.repick_margin)
+        if plan is self._plan:
             return
-        recent = ring[ring[:, 0] > int(ring[:, 0].max()) - self.cfg.repick_window]
-        layers = dict(self._plan.layers)
-        moved = swaps = 0
-        for il, slots in layers.items():
-            rows = recent[recent[:, 1] == il][:, 2:]
-            scores = np.bincount(rows.ravel(), minlength=f.n_expert).astype(np.float64)
-            new = list(slots)
-            for slot, e in elect(scores, slots, self.cfg.repick_swaps, self.cfg.repick_margin):
-                moved += cache_mod.swap(self.model.ptr, il, slot, e)
-                new[slot] = e
-                swaps += 1
-            layers[il] = tuple(new)
         with self._lock:
-            self._plan = SlotPlan(layers)
+            self._plan = plan
             self._repicks += 1
             self._repick_swaps += swaps
             self._repick_bytes += moved

@@ -42,12 +42,22 @@ def from_trace(path: Path, n_expert: int, k: int) -> ReplayTable:
         layers, table = token_matrix(tr)
     except TraceError as e:
         raise EngineError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
-    if tr.k < k:
-        raise EngineError(f"{path}: {tr.k} experts per row, the model routes {k}")
     trace_experts = tr.n_expert
-    table = (table[:, :, :k].astype(np.int64) * n_expert // trace_experts).astype(np.int32)
-    return ReplayTable(table, f"trace {Path(path).name} ({len(table)} decode tokens, {len(layers)} layers, "
-                              f"{trace_experts} experts mapped onto {n_expert})")
+    if tr.k >= k:
+        table = (table[:, :, :k].astype(np.int64) * n_expert // trace_experts).astype(np.int32)
+        how = f"{trace_experts} experts mapped onto {n_expert}"
+    elif k % tr.k == 0 and n_expert % (k // tr.k) == 0 and n_expert // (k // tr.k) >= trace_experts:
+        # fewer ids per row than the model routes: split every trace expert into m = k / k_trace fine-grained
+        # experts that are always picked together (k_trace=4 of 64 -> 8 of 128: e -> 2e, 2e+1), which keeps the
+        # trace's locality and makes S slots of the model behave like S/m slots of the traced model
+        m = k // tr.k
+        base = table.astype(np.int64) * (n_expert // m) // trace_experts
+        table = (base[:, :, :, None] * m + np.arange(m)).reshape(len(table), table.shape[1], k).astype(np.int32)
+        how = f"each of {trace_experts} experts split into {m} of {n_expert} (k {tr.k} -> {k})"
+    else:
+        raise EngineError(f"{path}: {tr.k} experts per row over {trace_experts}; cannot map onto k={k} of "
+                          f"{n_expert} (needs k to be a multiple of {tr.k})")
+    return ReplayTable(table, f"trace {Path(path).name} ({len(table)} decode tokens, {len(layers)} layers, {how})")
 
 
 def set_replay(ctx_ptr: int, table: ReplayTable | None) -> None:

@@ -70,7 +70,25 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     rep = native.doctor_report()
     for k, v in rep.lines():
         print(f"{k:<16} {v}")
-    return 0 if rep.patched and rep.up_to_date else 1
+    if not (rep.patched and rep.up_to_date):
+        return 1
+    if a.calibrate:
+        from moeslots.engine import calibrate
+
+        print(f"calibrating with {a.calibrate} (uploads, CPU expert rate, per-token base)...", file=sys.stderr)
+        try:
+            c = calibrate.run(Path(a.calibrate), threads=a.threads, log=lambda m: print(f"  {m}", file=sys.stderr))
+        except (OSError, ValueError) as e:
+            raise UserError(f"calibration failed: {e}") from None
+        p = calibrate.save(c)
+        print(f"calibration      {c.render()}")
+        print(f"saved            {p} [calibration.\"{c.machine}\"]: --repick auto now uses these costs")
+    else:
+        from moeslots.engine import calibrate
+
+        c = calibrate.load()
+        print(f"calibration      {c.render() if c else 'none for this machine (moeslots doctor --calibrate MODEL)'}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,8 +186,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text |")
         print("|---|---|---|---|---|---|---|")
         try:
+            text = Path(a.prompt_file).read_text(encoding="utf-8") if a.prompt_file else None
             mrows = bench.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,
-                                  pack_host=a.pack_host, log=print)
+                                  pack_host=a.pack_host, prompt_text=text, log=print)
         except ValueError as e:
             raise UserError(str(e)) from None
         if a.json:
@@ -177,6 +196,33 @@ def cmd_bench(a: argparse.Namespace) -> int:
             import json
 
             Path(a.json).write_text(json.dumps([dc.asdict(r) for r in mrows], indent=1))
+        return 0
+    if a.repick:
+        from moeslots.engine import calibrate
+
+        cal = calibrate.load()
+        cost = None
+        if cal is not None:
+            from moeslots.engine.model import inspect_gguf
+
+            cost = cal.cost_model(inspect_gguf(Path(a.model)).slab_bytes / 1e6)
+        routings = [r for r in (a.replay or "uniform").split(",") if r.strip()]
+        print(f"cost model for the simulator: {'calibration of ' + cal.machine if cal else 'defaults (H200 box)'}")
+        print(bench.REPICK_HEADER)
+        try:
+            rrows, rinfo = bench.run_repick(Path(a.model), slots, _int_list(a.repick, "--repick"), routings,
+                                            n_decode=a.n_decode, profile_rows=a.profile_rows, threads=a.threads,
+                                            mmap=not a.no_mmap, pack_host=a.pack_host, max_swaps=a.max_swaps,
+                                            cost=cost, log=print)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        for name, src in rinfo["routings"].items():
+            print(f"routing {name}: {src}")
+        if a.json:
+            import dataclasses as dc
+            import json
+
+            Path(a.json).write_text(json.dumps({"info": rinfo, "rows": [dc.asdict(r) for r in rrows]}, indent=1))
         return 0
     rows, info = bench.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                            mmap=not a.no_mmap, pack_host=a.pack_host, greedy_prompts=a.greedy_prompts,
@@ -438,7 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--from-source", metavar="DIR", help="build from a tree written by --export-source (offline)")
     b.set_defaults(func=cmd_engine_build)
 
-    d = sub.add_parser("doctor", help="engine version, patched or not, GPUs and VRAM, CPU threads")
+    d = sub.add_parser("doctor", help="engine version, patched or not, GPUs and VRAM, CPU threads; calibration")
+    d.add_argument("--calibrate", metavar="MODEL", help="measure this machine's upload (pinned, pageable), CPU "
+                   "expert and per-token rates with MODEL and store them in config.toml for --repick auto")
+    d.add_argument("--threads", type=int, default=None)
     d.set_defaults(func=cmd_doctor)
 
     s = sub.add_parser("synth", help="write a synthetic MoE GGUF (tests, benchmarks) and check its routing")
@@ -494,6 +543,11 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
     bn.add_argument("--mtp", metavar="D1,D2", help="instead: greedy tok/s with and without MTP at these draft lengths")
+    bn.add_argument("--repick", metavar="N1,N2", help="instead: static (0) vs re-pick every N tokens under each "
+                    "--replay routing (comma-separated traces and/or 'uniform'), with the simulator's prediction")
+    bn.add_argument("--prompt-file", help="--mtp: a user turn (chat template) instead of random prompt tokens")
+    bn.add_argument("--profile-rows", type=int, default=1024, help="--repick: trace rows that make the static plan")
+    bn.add_argument("--max-swaps", type=int, default=4, help="--repick: at most M swaps per layer per re-pick")
     bn.add_argument("--json", help="also write the rows as JSON")
     bn.set_defaults(func=cmd_bench)
 

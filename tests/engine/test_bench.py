@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from moeslots.engine import bench
 
 
@@ -19,3 +21,17 @@ def test_bench_rows(tiny_qwen: Path) -> None:
     assert info["routing"] == "the model's router"
     table = bench.render(rows, info)
     assert table.count("\n| ") == 4 and "| 8 |" in table
+
+
+def test_repick_bench_matches_the_simulator() -> None:
+    from moeslots.engine import bundled
+
+    rows, info = bench.run_repick(bundled.model(), [8], [0, 4], [str(bundled.profile("code")), "uniform"],
+                                  n_decode=24, profile_rows=256, threads=2, pack_host=True, log=lambda m: None)
+    assert [(r.routing, r.every) for r in rows] == [("moeslots-tiny-glm4moe-code", 0),
+                                                   ("moeslots-tiny-glm4moe-code", 4), ("uniform", 0), ("uniform", 4)]
+    for r in rows:
+        assert r.hit_rate == pytest.approx(r.sim_hit_rate, abs=1e-9)      # same rows, same election rule
+        assert r.scheduler_mb_per_token == 0.0
+        assert (r.swaps > 0) == (r.every > 0) and (r.mb_moved_per_token > 0) == (r.swaps > 0)
+    assert "split" not in info["routings"]["uniform"]

@@ -59,6 +59,11 @@ def test_trace_is_mapped_onto_the_model(tmp_path: Path) -> None:
     assert t.ids.shape == (2, 2, 4)
     assert t.ids[0, 0].tolist() == [0, 2, 4, 15] and t.ids[1, 0].tolist() == [15, 15, 15, 15]
     assert "64 experts mapped onto 16" in t.source
+    split = replay.from_trace(p, n_expert=128, k=8)          # k 4 -> 8: each expert becomes a pair
+    assert split.ids[0, 0].tolist() == [0, 1, 16, 17, 32, 33, 126, 127]
+    assert split.ids[1, 1].tolist() == [2, 3, 4, 5, 6, 7, 8, 9] and "split into 2 of 128" in split.source
+    with pytest.raises(EngineError, match="multiple of 4"):
+        replay.from_trace(p, n_expert=128, k=6)
 
 
 def test_bad_replay_is_refused(tiny_qwen: Path, tmp_path: Path) -> None:
