@@ -80,8 +80,8 @@ def cmd_doctor(a: argparse.Namespace) -> int:
             c = calibrate.run(Path(a.calibrate), threads=a.threads, log=lambda m: print(f"  {m}", file=sys.stderr))
         except (OSError, ValueError) as e:
             raise UserError(f"calibration failed: {e}") from None
+        print(f"calibration      {c.render()}", flush=True)
         p = calibrate.save(c)
-        print(f"calibration      {c.render()}")
         print(f"saved            {p} [calibration.\"{c.machine}\"]: --repick auto now uses these costs")
     else:
         from moeslots.engine import calibrate

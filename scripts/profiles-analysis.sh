@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the analysis in docs/profiles.md on a trained model (default: the bundled moeslots-tiny-glm4moe):
+# Reproduces the analysis in docs/profiles.md on a trained model (written for the bundled moeslots-tiny-glm4moe):
 # records two held-out *test* traces that differ from the bundled *train* profiles, then reports skew, per-layer
 # coverage and code-vs-chat overlap, and simulates static plans trained on code / chat / merged against the
 # dynamic policies at 25 % and 50 % of the experts.
@@ -9,7 +9,7 @@
 #   e.g. scripts/profiles-analysis.sh engine/assets/moeslots-tiny-glm4moe.gguf /tmp/pa
 # TRAIN_PREFIX: the train profiles are TRAIN_PREFIX-{code,chat,merged}.csv (default: the bundled ones,
 # profiles/data/moeslots-tiny-glm4moe). Env: TEMP (sampling temperature, default 0.7 as the train traces),
-# N (decode-token cap per prompt, default 200). Deterministic: fixed prompts and seeds. ~1 min on 2 cores.
+# N (decode-token cap per prompt, default 200). Deterministic: fixed prompts and seeds. ~30 s on 2 cores.
 #
 # Test traces (never the train prompts):
 #   test-code  raw code completion (no chat template): the model continues 12 beginnings of stdlib-style modules
@@ -243,15 +243,16 @@ $M record "$MODEL" $(printf -- '--prompt-file %s ' "$OUT"/prompts-test-chat/*.tx
 E=$(grep -o 'n_expert=[0-9]*' "$OUT/test-code.csv" | head -1 | cut -d= -f2)
 S1=$((E / 4)); S2=$((E / 2))
 for p in "$TRAIN-code.csv" "$TRAIN-chat.csv" "$OUT/test-code.csv" "$OUT/test-chat.csv"; do
-  $M profile show "$p" --slots "$S1" --width 32 | head -5
+  $M profile show "$p" --slots "$S1" --width 32 | sed -n 1,5p
 done
 $M profile show "$TRAIN-code.csv" --slots "$S1" --against "$TRAIN-chat.csv" --width 32
 $M profile show "$TRAIN-code.csv" --slots "$S2" --against "$TRAIN-chat.csv" --width 32 | sed -n 4,5p
 # per-layer numbers over the MoE layers only (`profile show`'s skew also counts the rows of layers without
 # routing, e.g. a dense lead layer or a NextN block, as zero-pick pairs), and a locality check: LRU and reelect on
 # the same test tokens in a shuffled order (seed 0) — a policy that exploits temporal locality loses hits there
-python - "$TRAIN" "$OUT" "$S1" "$S2" <<'EOF'
+python - "$TRAIN" "$OUT" "$S1" "$S2" "$MODEL" <<'EOF'
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -260,7 +261,7 @@ from moeslots.profiles import simulate as sim
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.trace import read_csv
 
-train, out, S1, S2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+train, out, S1, S2, model = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
 names = {"train-code": f"{train}-code.csv", "train-chat": f"{train}-chat.csv", "train-merged": f"{train}-merged.csv",
          "test-code": f"{out}/test-code.csv", "test-chat": f"{out}/test-chat.csv"}
 tr = {k: read_csv(v) for k, v in names.items()}
@@ -304,6 +305,28 @@ for k in ("test-code", "test-chat"):
         re, re_s = sim._reelect(P, S, n_e, 16, 64, init)[0], sim._reelect(Q, S, n_e, 16, 64, init)[0]
         orc = sim._static(P, init)[0]
         print(f"| {k} | {S} | {100*lru:.1f} | {100*lru_s:.1f} | {100*re:.1f} | {100*re_s:.1f} | {100*orc:.1f} |")
+print("\nsampling noise: top-S overlap of the first vs the second half (decode tokens) of each trace, mean over layers")
+print("| trace | " + " | ".join(f"top-{S}" for S in (S1, S2)) + " |")
+print("|---|---|---|")
+for k in ("train-code", "train-chat", "test-code", "test-chat"):
+    layers, P = sim.token_matrix(tr[k])
+    halves = []
+    for h in (P[:len(P) // 2], P[len(P) // 2:]):
+        c = np.zeros((max(layers) + 1, tr[k].n_expert), np.int64)
+        np.add.at(c, (np.broadcast_to(np.array(layers)[None, :, None], h.shape).ravel(), h.ravel()), 1)
+        halves.append(prof.Profile(c, c * 0, len(h), 0))
+    print(f"| {k} | " + " | ".join(f"{100*prof.overlap(*halves, S)[L].mean():.1f}" for S in (S1, S2)) + " |")
+from moeslots.engine.model import LoadOptions, Model
+
+m = Model(model, LoadOptions(experts_on_host=True))
+own_slab = m.facts.slab_bytes / 1e6
+m.close()
+print("\n`--repick auto` (simulate.choose_repick: engine rule, 4 swaps, 25 % margin) on train-merged, H200 costs with the"
+      " default slab and with this model's:")
+for S in (S1, S2):
+    for slab in (sim.CostModel.slab_mb, own_slab):
+        n, why = sim.choose_repick(tr["train-merged"], S, sim.CostModel(slab_mb=slab))
+        print(f"  {S} slots, slab {slab:g} MB: N={n}: {why}")
 EOF
 
 # --- simulator: specialist (all policies), wrong-workload and merged static plans -------------------------------
@@ -313,7 +336,7 @@ for S in "$S1" "$S2"; do
     echo "== slots $S, test-$test, plan trained on train-$test (specialist), all policies"
     $M simulate "$OUT/test-$test.csv" --slots "$S" --train "$TRAIN-$test.csv" \
       --policy static-profile --policy static-oracle --policy lru --policy lfu-decay \
-      --policy reelect-16 --policy reelect-64 | tail -n +4
+      --policy reelect-16 --policy reelect-64 | tail -n +3
     for train in "$other" merged; do
       echo "== slots $S, test-$test, plan trained on train-$train"
       $M simulate "$OUT/test-$test.csv" --slots "$S" --train "$TRAIN-$train.csv" \

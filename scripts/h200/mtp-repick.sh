@@ -39,6 +39,10 @@ if [ -n "$W" ] && [ "$(stat -c %s "$W")" -lt 60000000 ]; then
 fi
 cd /tmp
 $M doctor | head -3
+if [ "${DIAG:-0}" = 1 ]; then
+echo "== $(date +%T) the bundled model on CUDA, configuration by configuration"
+timeout 150 python3 -P $R/scripts/h200/diagnose_tiny.py 2>&1 | tee $B/diagnose.txt; pack
+fi
 if [ "${MTP:-1}" = 1 ]; then
 echo "== $(date +%T) MTP on the bundled trained model (real acceptance)"
 echo 'What does `json.dumps` do?' > /tmp/q.txt
@@ -46,7 +50,7 @@ timeout 60 $M bench $TINY --mtp 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-
 fi
 wait $S1; tail -2 $B/synth.txt
 echo "== $(date +%T) calibration (uploads pinned/pageable, CPU expert rate, base)"
-timeout 90 $M doctor --calibrate /tmp/mtp.gguf --threads 16; cp /tmp/cfg/moeslots/config.toml $B/calibration.toml; pack
+timeout 90 $M doctor --calibrate /tmp/mtp.gguf --threads 16 2>&1 | grep -v '^llama\|^load\|^print_info'; cp /tmp/cfg/moeslots/config.toml $B/calibration.toml; pack
 if [ "${MTP:-1}" = 1 ]; then
 echo "== $(date +%T) MTP, random NextN head"
 timeout 80 $M bench /tmp/mtp.gguf --mtp 1,2,3 --slots 0,64 -n 128 --threads 16 --json $B/mtp-random.json; pack
@@ -60,6 +64,11 @@ echo "== $(date +%T) static vs re-pick, pageable uploads (mmap), replayed code/c
 timeout ${REPICK_S:-200} $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots ${REPICK_SLOTS:-19,32,64} --replay $P-code.csv,$P-chat.csv,uniform -n 256 --threads 16 --json $B/repick-mmap.json; pack
 echo "== $(date +%T) the same, pinned uploads (no mmap), code trace"
 timeout ${PINNED_S:-100} $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots ${REPICK_SLOTS:-19,32,64} --replay $P-code.csv -n 256 --threads 16 --no-mmap --json $B/repick-pinned.json; pack
+fi
+if [ "${STATS:-0}" = 1 ]; then
+echo "== $(date +%T) stats cost, again (stats on first this time)"
+timeout 45 $M bench /tmp/mtp.gguf --slots 0,64 -n 64 --prompt-len 128 --threads 16 --greedy-prompts 0 --json $B/stats-on.json
+timeout 45 $M bench /tmp/mtp.gguf --slots 0,64 -n 64 --prompt-len 128 --threads 16 --greedy-prompts 0 --no-stats --json $B/stats-off.json; pack
 fi
 echo "== $(date +%T) done"
 } 2>&1 | tee "$OUT/mtp-repick.txt"
