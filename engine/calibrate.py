@@ -44,10 +44,12 @@ class Calibration:
     base_ms: float
     method: str                        # "split" (GPU) or "cpu-only lower bound"
 
-    def cost_model(self, slab_mb: float | None = None):  # noqa: ANN201 (profiles.simulate.CostModel)
+    def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False):  # noqa: ANN201 (simulate.CostModel)
+        """pinned: the experts live in pinned host memory (loaded without mmap); an mmap'ed model's re-pick
+        copies come from pageable memory (4x slower on the H200 box)."""
         from moeslots.profiles.simulate import CostModel
 
-        pcie = self.upload_pinned_gbps or self.upload_pageable_gbps
+        pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_gbps, pcie_gbps=pcie,
                          base_ms=self.base_ms)
 

@@ -372,7 +372,10 @@ class Engine:
             cal = calibrate.load()
             slab_mb = self.model.facts.slab_bytes / 1e6 or None
             if cal is not None:
-                cost, source = cal.cost_model(slab_mb), f"costs calibrated on this machine {cal.date}"
+                pinned = not self.model.opts.use_mmap
+                cost = cal.cost_model(slab_mb, pinned=pinned)
+                source = (f"costs calibrated on this machine {cal.date}, "
+                          f"{'pinned' if pinned else 'pageable (mmap)'} uploads at {cost.pcie_gbps:.1f} GB/s")
             else:
                 from moeslots.profiles.simulate import CostModel
 

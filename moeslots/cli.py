@@ -205,7 +205,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if cal is not None:
             from moeslots.engine.model import inspect_gguf
 
-            cost = cal.cost_model(inspect_gguf(Path(a.model)).slab_bytes / 1e6)
+            cost = cal.cost_model(inspect_gguf(Path(a.model)).slab_bytes / 1e6, pinned=a.no_mmap)
         routings = [r for r in (a.replay or "uniform").split(",") if r.strip()]
         print(f"cost model for the simulator: {'calibration of ' + cal.machine if cal else 'defaults (H200 box)'}")
         print(bench.REPICK_HEADER)

@@ -33,6 +33,8 @@ def test_calibrate_save_load(cfg_home: Path) -> None:
     assert "[app]" in cfg_home.read_text() and calibrate.load() == c             # other tables kept
     cm = c.cost_model()
     assert (cm.cpu_gbps, cm.pcie_gbps, cm.slab_mb) == (c.cpu_gbps, c.upload_pageable_gbps, c.slab_mb)
+    both = dataclasses.replace(c, upload_pinned_gbps=29.0)
+    assert both.cost_model(pinned=True).pcie_gbps == 29.0 and both.cost_model().pcie_gbps == c.upload_pageable_gbps
     assert calibrate.load(machine="another host / GPU") is None
 
 
