@@ -42,8 +42,10 @@ def from_trace(t: Trace, n_layer: int | None = None, n_expert: int | None = None
 
 
 def skew(p: Profile, shares: tuple[float, ...] = (0.10, 0.25, 0.50)) -> dict[float, float]:
-    """Share of all decode picks carried by the top x % of (layer, expert) pairs."""
-    flat = np.sort(p.counts.ravel())[::-1]
+    """Share of all decode picks carried by the top x % of (layer, expert) pairs, over the layers that routed
+    (dense layers and an unused NextN block would otherwise add empty pairs and inflate the share)."""
+    routed = p.counts[p.counts.sum(axis=1) > 0]
+    flat = np.sort(routed.ravel())[::-1]
     total = max(1, int(flat.sum()))
     return {s: float(flat[:max(1, round(s * flat.size))].sum() / total) for s in shares}
 

@@ -59,6 +59,34 @@ print("first divergence", d, "of", len(got), "top1-top2 gap there", None if d is
 """
 
 
+SLOT_DISTANCE = """
+import numpy as np
+from moeslots.engine import bundled
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.model import Context, LoadOptions, Model
+m = Model(bundled.model(), LoadOptions())
+f = m.facts
+ctx = Context(m, n_ctx=512, threads=16)
+ids = m.tokenize("def parse(text):\\n    \\"\\"\\"Parse text.\\"\\"\\"\\n", add_special=False)
+ctx.decode(ids)
+toks = []
+for _ in range(96):
+    toks.append(ctx.argmax()); ctx.decode([toks[-1]])
+def run(s):
+    m.set_slots(SlotPlan({il: tuple(range(s)) for il in f.moe_layers if il < f.n_layer} if s else {}))
+    ctx.reset(); ctx.decode(ids); out = [ctx.logits().copy()]
+    for t in toks:
+        ctx.decode([t]); out.append(ctx.logits().copy())     # 1-token steps: the cache path
+    return np.array(out)
+ref = run(0)
+for s in (16, 32, 64):
+    got = run(s)
+    rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
+    print(f"slots {s}: teacher-forced over {len(ref)} steps: max rel logit diff {rel.max():.2e}, "
+          f"top-1 agreement {(got.argmax(1) == ref.argmax(1)).mean():.3f}", flush=True)
+"""
+
+
 def main() -> int:
     env_note = "CUDA_LAUNCH_BLOCKING=1"
     for name, case in CASES.items():
@@ -70,6 +98,8 @@ def main() -> int:
         print(f"{name:20} rc {r.returncode:4}  {' | '.join(out)[-300:]}  {' | '.join(err)[:600]}", flush=True)
     r = subprocess.run([sys.executable, "-P", "-c", MTP_GAP], capture_output=True, text=True, timeout=120)
     print("mtp-vs-plain (0 slots):", r.stdout.strip()[-400:], "\n".join(r.stderr.splitlines()[-3:])[:400])
+    r = subprocess.run([sys.executable, "-P", "-c", SLOT_DISTANCE], capture_output=True, text=True, timeout=120)
+    print("slots vs 0 (trained model):", r.stdout.strip()[-600:], "\n".join(r.stderr.splitlines()[-3:])[:400])
     print("note:", env_note)
     return 0
 

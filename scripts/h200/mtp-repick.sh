@@ -42,6 +42,8 @@ $M doctor | head -3
 if [ "${DIAG:-0}" = 1 ]; then
 echo "== $(date +%T) the bundled model on CUDA, configuration by configuration"
 timeout 150 python3 -P $R/scripts/h200/diagnose_tiny.py 2>&1 | tee $B/diagnose.txt; pack
+echo 'What does `json.dumps` do?' > /tmp/q.txt
+timeout 60 $M bench $TINY --mtp 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-file /tmp/q.txt --json $B/mtp-tiny.json; pack
 fi
 if [ "${MTP:-1}" = 1 ]; then
 echo "== $(date +%T) MTP on the bundled trained model (real acceptance)"

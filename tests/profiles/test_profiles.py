@@ -168,3 +168,13 @@ def test_choose_repick_is_deterministic_and_follows_the_costs() -> None:
     assert choose_repick(phases, 2, fast_bus) == (n1, why1)       # deterministic
     n2, why2 = choose_repick(phases, 2, slow_bus)
     assert n2 == 0 and why2.startswith("static")                 # uploads too dear: stay static
+
+
+def test_skew_ignores_layers_that_do_not_route() -> None:
+    from moeslots.profiles.profile import Profile, skew
+
+    counts = np.zeros((3, 10), np.int64)
+    counts[1] = [10, 0, 0, 0, 0, 0, 0, 0, 0, 0]       # layer 1 only: one expert carries everything
+    assert skew(Profile(counts, np.zeros_like(counts), 10, 0), (0.10,))[0.10] == 1.0
+    counts[1] = 1                                       # flat: top 10 % of 10 pairs = 1 pair = 10 %
+    assert skew(Profile(counts, np.zeros_like(counts), 10, 0), (0.10,))[0.10] == 0.1   # not 3/10 (30 pairs)
