@@ -183,17 +183,21 @@ class MTPRow:
     acceptance: float
     tokens_per_step: float
     same_text: bool
+    same_prefix: int               # tokens equal to plain greedy before the first difference
 
 
 def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int], *, n_tokens: int = 128,
             threads: int | None = None, pack_host: bool = False, seed: int = 0, prompt_text: str | None = None,
-            log: Callable[[str], None] = print) -> list[MTPRow]:
+            mtp_head: str = "slots", log: Callable[[str], None] = print) -> list[MTPRow]:
     """Greedy decode tok/s with and without MTP drafts at each slot count and draft length (plan: top-S of a
-    0-slot profiling pass, the MTP head included when the model has one). prompt_text: a user turn rendered with
+    0-slot profiling pass). mtp_head: where the NextN block's experts live: "slots" (host memory, in the plan
+    like a trunk layer), "host" (host memory, no slots) or "gpu" (on the GPU with the rest of its layer). prompt_text: a user turn rendered with
     the model's chat template (trained models: real acceptance); default random tokens."""
     from moeslots.engine.mtp import MTP, greedy_tokens
 
-    m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True))
+    if mtp_head not in ("slots", "host", "gpu"):
+        raise ValueError(f"--mtp-head is slots, host or gpu, not {mtp_head!r}")
+    m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True, mtp_head_on_gpu=mtp_head == "gpu"))
     if not m.mtp_loaded:
         m.close()
         raise ValueError(f"{model_path} has no NextN (MTP) block")
@@ -227,7 +231,8 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
 
     for s in slot_counts:
         s = min(s, f.n_expert)
-        m.set_slots(SlotPlan(plan_from_counts(counts, s, f.moe_layers)), pack_host=pack_host)
+        layers = f.moe_layers if mtp_head == "slots" else [il for il in f.moe_layers if il < f.n_layer]
+        m.set_slots(SlotPlan(plan_from_counts(counts, s, layers)), pack_host=pack_host)
         plain()                                                  # warm-up (graphs)
         ref, dt_plain = plain()
         for d in drafts:
@@ -241,11 +246,12 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
                 dt = time.perf_counter() - t0
             finally:
                 mtp.close()
+            prefix = next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), min(len(got), len(ref)))
             row = MTPRow(s, d, n_tokens / dt_plain, len(got) / dt, mtp.stats.acceptance, mtp.stats.tokens_per_step,
-                         got == ref[:len(got)])
+                         got == ref[:len(got)], prefix)
             rows.append(row)
             log(f"| {s} | {d} | {row.plain_tok_s:.1f} | {row.mtp_tok_s:.1f} | {100 * row.acceptance:.0f} % | "
-                f"{row.tokens_per_step:.2f} | {'yes' if row.same_text else 'NO'} |")
+                f"{row.tokens_per_step:.2f} | {'yes' if row.same_text else f'first {row.same_prefix} of {len(got)}'} |")
     ctx.close()
     m.close()
     return rows

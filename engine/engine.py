@@ -37,6 +37,7 @@ class EngineConfig:
     profile: Path | None = None
     mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
+    mtp_head_on_gpu: bool = False                   # the NextN block's experts on the GPU (else host, no slots)
     async_cpu: bool = True                          # no effect yet: the CPU/GPU chain overlap is a later patch
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
@@ -177,7 +178,7 @@ class Engine:
         self._busy = threading.Lock()
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host,
-                                                  load_mtp=cfg.mtp))
+                                                  load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
         try:
             self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads)

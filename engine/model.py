@@ -94,6 +94,7 @@ class LoadOptions:
     experts_on_host: bool = True        # override expert tensors into host memory (`-ot exps=CPU`)
     use_mmap: bool = True
     load_mtp: bool = False
+    mtp_head_on_gpu: bool = False       # the NextN block's experts stay with its layer (GPU) instead of host memory
     # CPU "extra" buffer types (CPU_REPACK for Q4_K/Q4_0 ...): repacked experts cannot be read back into a hot
     # pack, so a model that gets slots on a CPU-only build is loaded without them
     extra_bufts: bool = True
@@ -112,7 +113,8 @@ class Model:
         mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if self.opts.use_mmap else L.LLAMA_LOAD_MODE_NONE
         mp.load_mtp = bool(self.opts.load_mtp and self.facts.n_nextn > 0)
         mp.use_extra_bufts = self.opts.extra_bufts
-        self._overrides = native.experts_on_host_overrides() if self.opts.experts_on_host else None
+        keep = self.facts.n_layer if (self.opts.mtp_head_on_gpu and mp.load_mtp) else None
+        self._overrides = native.experts_on_host_overrides(keep) if self.opts.experts_on_host else None
         if self._overrides is not None:
             mp.tensor_buft_overrides = self._overrides.pointer
         self.ptr = L.llama_model_load_from_file(str(self.facts.path).encode(), mp)

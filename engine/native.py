@@ -157,9 +157,17 @@ class BuftOverrides:
         return ctypes.addressof(self.array)
 
 
-def experts_on_host_overrides() -> BuftOverrides:
+def experts_pattern(keep_layer: int | None = None) -> str:
+    """The tensor-name regex of the experts that go to host memory; keep_layer: that block's experts stay with
+    the rest of its layer (the NextN/MTP head on the GPU). std::regex (ECMAScript) supports the lookahead."""
+    if keep_layer is None:
+        return EXPERT_TENSOR_PATTERN
+    return rf"^blk\.(?!{int(keep_layer)}\.)\d+{EXPERT_TENSOR_PATTERN}"
+
+
+def experts_on_host_overrides(keep_layer: int | None = None) -> BuftOverrides:
     """`-ot exps=CPU`: expert tensors in host memory (pinned CUDA_Host when the load does not mmap)."""
-    return BuftOverrides([(EXPERT_TENSOR_PATTERN, lib().ggml_backend_cpu_buffer_type())])
+    return BuftOverrides([(experts_pattern(keep_layer), lib().ggml_backend_cpu_buffer_type())])
 
 
 # ---------------------------------------------------------------------------------------------------------------

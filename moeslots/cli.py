@@ -188,7 +188,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         try:
             text = Path(a.prompt_file).read_text(encoding="utf-8") if a.prompt_file else None
             mrows = bench.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,
-                                  pack_host=a.pack_host, prompt_text=text, log=print)
+                                  pack_host=a.pack_host, prompt_text=text, mtp_head=a.mtp_head, log=print)
         except ValueError as e:
             raise UserError(str(e)) from None
         if a.json:
@@ -331,6 +331,16 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             raise UserError(str(e)) from None
     cost = sim.CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
                          base_ms=a.base_ms)
+    if a.union:
+        try:
+            u = sim.distinct_per_batch(test, a.slots, train=train, max_batch=a.union)
+        except (TraceError, ValueError) as e:
+            raise UserError(str(e)) from None
+        print(f"{a.trace}: distinct experts computed on the CPU per layer, per batch of w decode tokens "
+              f"({a.slots} slots/layer, plan from {a.train or a.trace}):")
+        print("| " + " | ".join(f"w={w}" for w in u) + " |\n|" + "---|" * len(u))
+        print("| " + " | ".join(f"{v:.2f}" for v in u.values()) + " |")
+        return 0
     policies = a.policy or [p if p != "reelect" else f"reelect-{a.reelect_k}" for p in sim.POLICIES]
     try:
         res = sim.simulate(test, a.slots, policies, train=train, reelect_k=a.reelect_k,
@@ -545,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--mtp", metavar="D1,D2", help="instead: greedy tok/s with and without MTP at these draft lengths")
     bn.add_argument("--repick", metavar="N1,N2", help="instead: static (0) vs re-pick every N tokens under each "
                     "--replay routing (comma-separated traces and/or 'uniform'), with the simulator's prediction")
+    bn.add_argument("--mtp-head", default="slots", choices=["slots", "host", "gpu"],
+                    help="--mtp: the NextN block's experts in the plan (slots), in host memory, or on the GPU")
     bn.add_argument("--prompt-file", help="--mtp: a user turn (chat template) instead of random prompt tokens")
     bn.add_argument("--profile-rows", type=int, default=1024, help="--repick: trace rows that make the static plan")
     bn.add_argument("--max-swaps", type=int, default=4, help="--repick: at most M swaps per layer per re-pick")
@@ -587,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--pcie-gbps", type=float, default=55.0)
     si.add_argument("--gpu-gbps", type=float, default=4000.0)
     si.add_argument("--base-ms", type=float, default=3.0, help="non-expert time per token")
+    si.add_argument("--union", type=int, metavar="W", help="instead: distinct experts on the CPU per layer for "
+                    "batches of 1..W tokens (what an MTP verify batch reads)")
     si.set_defaults(func=cmd_simulate)
 
     c = sub.add_parser("chat", help="the chat app on MODEL with the expert cache")

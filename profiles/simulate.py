@@ -227,6 +227,29 @@ def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, tra
     return out
 
 
+def distinct_per_batch(test: Trace, slots: int, *, train: Trace | None = None,
+                       max_batch: int = 4) -> dict[int, float]:
+    """Union of experts: for batches of w = 1..max_batch consecutive decode tokens (MTP verify batches), the mean
+    number of distinct experts per layer the batch computes on the CPU (picked and not resident under the static
+    plan of `slots` from `train`). A bandwidth-bound CPU side costs in proportion to it."""
+    layers, P = token_matrix(test)
+    n_expert = max(test.n_expert, int(P.max()) + 1)
+    T, L, k = P.shape
+    counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
+    res = _resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert) if slots else \
+        np.zeros((L, n_expert), bool)
+    out = {}
+    for w in range(1, max_batch + 1):
+        n = T // w
+        if n == 0:
+            break
+        B = P[:n * w].reshape(n, w, L, k).transpose(0, 2, 1, 3).reshape(n, L, w * k)   # [batch, layer, picks]
+        hit = np.zeros((n, L, n_expert), bool)
+        np.put_along_axis(hit, B, True, axis=2)
+        out[w] = float((hit & ~res[None]).sum(axis=2).mean())
+    return out
+
+
 REPICK_CHOICES = (0, 1, 16, 100, 500)
 
 

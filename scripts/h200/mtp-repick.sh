@@ -2,7 +2,8 @@
 # One H200 call for issues 6 and 10: CUDA build while the NextN synthetic models (random and const-head) are
 # written; calibration; MTP benches (random, const-head, the bundled trained model); static vs re-pick under
 # replayed real (bundled code/chat traces) and uniform routing. Carry .export and .whl (or .wheel: a CUDA wheel
-# returned by an earlier call, then no build). MTP=0 / REPICK=0 skip those parts.
+# returned by an earlier call, then no build). MTP=0 / REPICK=0 skip those parts; MTP_HEADS="slots host gpu" measures
+# where the NextN block's experts should live.
 # $OUT: mtp-repick.txt (log), bench.tgz (JSON + calibration), wheel.part-* (the built CUDA wheel, for reuse).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -55,10 +56,14 @@ echo "== $(date +%T) calibration (uploads pinned/pageable, CPU expert rate, base
 timeout 90 $M doctor --calibrate /tmp/mtp.gguf --threads 16 2>&1 | grep -v '^llama\|^load\|^print_info'; cp /tmp/cfg/moeslots/config.toml $B/calibration.toml; pack
 if [ "${MTP:-1}" = 1 ]; then
 echo "== $(date +%T) MTP, random NextN head"
-timeout 80 $M bench /tmp/mtp.gguf --mtp 1,2,3 --slots 0,64 -n 128 --threads 16 --json $B/mtp-random.json; pack
+for H in ${MTP_HEADS:-slots}; do
+timeout 80 $M bench /tmp/mtp.gguf --mtp 1,2,3 --slots 0,64 -n 128 --threads 16 --mtp-head $H --json $B/mtp-random-$H.json; pack
+done
 wait $S2; tail -2 $B/synth-const.txt
 echo "== $(date +%T) MTP, const head (full acceptance upper bound)"
-timeout 80 $M bench /tmp/mtpc.gguf --mtp 1,2,3 --slots 0,64 -n 128 --threads 16 --json $B/mtp-const.json; pack
+for H in ${MTP_HEADS:-slots}; do
+timeout 80 $M bench /tmp/mtpc.gguf --mtp 1,2,3 --slots 0,64 -n 128 --threads 16 --mtp-head $H --json $B/mtp-const-$H.json; pack
+done
 rm -f /tmp/mtpc.gguf
 fi
 if [ "${REPICK:-1}" = 1 ]; then

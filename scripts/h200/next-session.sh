@@ -6,6 +6,8 @@
 #      MTP on the trained model at 16 slots;
 #   2. static vs re-pick under replayed real (code, chat) and uniform routing, pageable then pinned uploads;
 #   3. stats on/off at 0 slots (the first measurement was confounded by a cold start).
+# A second call then decides where the MTP head lives (issue 6):
+#   MTP=1 REPICK=0 MTP_HEADS="host gpu slots" bash scripts/h200/mtp-repick.sh
 set -u
 cd "$(dirname "$0")/../.."
 MTP=0 REPICK=1 DIAG=1 STATS=1 REPICK_SLOTS=${REPICK_SLOTS:-19,32,64} REPICK_S=${REPICK_S:-200} PINNED_S=${PINNED_S:-100} \

@@ -116,3 +116,27 @@ def test_sampled_mtp_keeps_the_target_distribution(tiny_glm: Path) -> None:
         chi2 = float(((obs - exp) ** 2 / exp).sum())
         assert chi2 < 26.1, (chi2, obs, exp)          # 8 degrees of freedom: p = 0.001
         assert mtp.stats.drafted == 2 * trials
+
+
+def test_mtp_head_on_gpu_pattern_and_same_tokens() -> None:
+    """The NextN block's experts can stay with their layer (GPU) while every trunk expert goes to host memory;
+    on the CPU build nothing moves, and greedy MTP decoding gives the same tokens either way."""
+    import re
+
+    from moeslots.engine import bundled, native
+
+    pat = re.compile(native.experts_pattern(keep_layer=7))
+    assert not pat.search("blk.7.ffn_up_exps.weight") and not pat.search("blk.7.ffn_down_exps.weight")
+    assert pat.search("blk.1.ffn_up_exps.weight") and pat.search("blk.17.ffn_gate_exps.weight")
+    assert not pat.search("blk.1.ffn_up_shexp.weight") and not pat.search("blk.7.attn_q.weight")
+    assert native.experts_pattern() == native.EXPERT_TENSOR_PATTERN
+    outs = []
+    for on_gpu in (False, True):
+        with Model(bundled.model(), LoadOptions(load_mtp=True, mtp_head_on_gpu=on_gpu)) as m, \
+                Context(m, n_ctx=256, threads=2) as ctx:
+            mtp = MTP(m, ctx, n_draft=2, threads=2)
+            try:
+                outs.append(greedy_tokens(mtp, m.tokenize("def main():\n", add_special=False), 24, m.is_eog))
+            finally:
+                mtp.close()
+    assert outs[0] == outs[1] and len(outs[0]) > 0

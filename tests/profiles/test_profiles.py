@@ -178,3 +178,11 @@ def test_skew_ignores_layers_that_do_not_route() -> None:
     assert skew(Profile(counts, np.zeros_like(counts), 10, 0), (0.10,))[0.10] == 1.0
     counts[1] = 1                                       # flat: top 10 % of 10 pairs = 1 pair = 10 %
     assert skew(Profile(counts, np.zeros_like(counts), 10, 0), (0.10,))[0.10] == 0.1   # not 3/10 (30 pairs)
+
+
+def test_union_of_experts_per_batch() -> None:
+    from moeslots.profiles.simulate import distinct_per_batch
+
+    t = from_rows([(0, 1, [0, 1]), (1, 1, [1, 2]), (2, 1, [1, 3]), (3, 1, [1, 0])], {"n_expert": "8"}, k=2)
+    assert distinct_per_batch(t, 0, max_batch=2) == {1: 2.0, 2: 3.0}       # {0,1,2} and {0,1,3}
+    assert distinct_per_batch(t, 1, max_batch=2) == {1: 1.0, 2: 2.0}       # expert 1 resident
