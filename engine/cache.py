@@ -141,3 +141,23 @@ def pack_bytes(model_ptr: int) -> int:
 def max_tokens() -> int:
     """Batches of at least this many tokens take the stock path."""
     return int(_bind().llama_moeslots_cache_max_tokens())
+
+
+def set_async(on: bool) -> None:
+    """Overlap the host chain with the GPU chain (patch 0008; process-wide, default on). Contexts rebuild their
+    graphs at their next decode."""
+    L = _bind()
+    f = L.llama_moeslots_async_set
+    if f.argtypes is None:
+        f.restype = None
+        f.argtypes = [ctypes.c_bool]
+    f(bool(on))
+
+
+def async_enabled() -> bool:
+    L = _bind()
+    f = L.llama_moeslots_async_get
+    if f.argtypes is None:
+        f.restype = ctypes.c_bool
+        f.argtypes = []
+    return bool(f())

@@ -41,6 +41,7 @@ class EngineConfig:
     async_cpu: bool = True                          # no effect yet: the CPU/GPU chain overlap is a later patch
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
+    async_cpu: bool = True                          # host chain overlaps the GPU chain (patch 0008; process-wide)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
     repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
     repick_swaps: int = 4                           # at most M swaps per layer per re-pick
@@ -174,6 +175,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig):
         native.require_patched()
         self.cfg = cfg
+        cache_mod.set_async(cfg.async_cpu)
         self._lock = threading.RLock()
         self._busy = threading.Lock()
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")

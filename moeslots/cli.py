@@ -177,6 +177,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from moeslots.engine import bench, native
 
     native.require_patched()
+    from moeslots.engine import cache as cache_mod
+
+    cache_mod.set_async(not a.no_async_cpu)
+    print(f"host chain overlaps the GPU chain: {'yes' if cache_mod.async_enabled() else 'no (--no-async-cpu)'}",
+          file=sys.stderr)
     try:
         slots = [int(x) for x in a.slots.split(",") if x.strip()]
     except ValueError:
@@ -385,7 +390,7 @@ def _parse_repick(v: str | None) -> tuple[int, int]:
 
 
 def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
-                 ctx: int, repick: str | None = None) -> "object":
+                 ctx: int, repick: str | None = None, async_cpu: bool = True) -> "object":
     from moeslots.engine import native
     from moeslots.engine.engine import Engine, EngineConfig
 
@@ -396,7 +401,7 @@ def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool
     pack_host = not native.gpus()
     every, swaps = _parse_repick(repick)
     eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
-                              pack_host=pack_host, repick_every=every, repick_swaps=swaps))
+                              pack_host=pack_host, repick_every=every, repick_swaps=swaps, async_cpu=async_cpu))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     if repick == "auto":
@@ -448,7 +453,7 @@ def cmd_chat(a: argparse.Namespace) -> int:
     slots = a.slots or (str(app_cfg["slots"]) if same_model and "slots" in app_cfg else None)
     mtp = not a.no_mtp and bool(app_cfg.get("mtp", True))
     eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx,
-                       getattr(a, "repick", None))
+                       getattr(a, "repick", None), not getattr(a, "no_async_cpu", False))
     return _run_app(eng, Path(a.model).name)
 
 
@@ -549,6 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--greedy-tokens", type=int, default=256)
     bn.add_argument("--greedy-slots", metavar="S1,S2", help="only these slot counts get the greedy-agreement run "
                     "(default: all; 0 is the reference)")
+    bn.add_argument("--no-async-cpu", action="store_true", help="host chain after the GPU chain (no overlap)")
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
@@ -608,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
     c.add_argument("--slots", help="slots per layer, or 'auto' (default: auto with a profile, else 0)")
     c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
+    c.add_argument("--no-async-cpu", action="store_true", help="run the host-memory experts after the GPU's, not "
+                   "while the GPU works (for comparison)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "

@@ -3,7 +3,7 @@
 # written; calibration; MTP benches (random, const-head, the bundled trained model); static vs re-pick under
 # replayed real (bundled code/chat traces) and uniform routing. Carry .export and .whl (or .wheel: a CUDA wheel
 # returned by an earlier call, then no build). MTP=0 / REPICK=0 skip those parts; MTP_HEADS="slots host gpu" measures
-# where the NextN block's experts should live.
+# where the NextN block's experts should live; ASYNC=1 measures patch 0008 (issue 7) on vs off.
 # $OUT: mtp-repick.txt (log), bench.tgz (JSON + calibration), wheel.part-* (the built CUDA wheel, for reuse).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -45,6 +45,14 @@ echo "== $(date +%T) the bundled model on CUDA, configuration by configuration"
 timeout 150 python3 -P $R/scripts/h200/diagnose_tiny.py 2>&1 | tee $B/diagnose.txt; pack
 echo 'What does `json.dumps` do?' > /tmp/q.txt
 timeout 60 $M bench $TINY --mtp 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-file /tmp/q.txt --json $B/mtp-tiny.json; pack
+fi
+if [ "${ASYNC:-0}" = 1 ]; then
+wait $S1; tail -2 $B/synth.txt
+echo "== $(date +%T) issue 7: host chain overlapping the GPU chain, on vs off (decode; prompt 512 must not drop)"
+timeout 90 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --json $B/async-on.json; pack
+timeout 90 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-async-cpu --json $B/async-off.json; pack
+timeout 60 $M bench /tmp/mtp.gguf --mtp 1 --slots 32,64 -n 64 --threads 16 --mtp-head gpu --json $B/async-mtp-on.json; pack
+timeout 60 $M bench /tmp/mtp.gguf --mtp 1 --slots 32,64 -n 64 --threads 16 --mtp-head gpu --no-async-cpu --json $B/async-mtp-off.json; pack
 fi
 if [ "${MTP:-1}" = 1 ]; then
 echo "== $(date +%T) MTP on the bundled trained model (real acceptance)"

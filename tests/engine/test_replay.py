@@ -76,3 +76,37 @@ def test_bad_replay_is_refused(tiny_qwen: Path, tmp_path: Path) -> None:
     empty.write_text("pos,layer,id0\n-1,0,3\n")
     with pytest.raises(EngineError, match="no decode rows"):
         replay.from_trace(empty, 16, 1)
+
+
+def test_a_freed_context_leaves_no_stats_or_replay_behind(tiny_qwen: Path) -> None:
+    """Stats and replay tables are keyed by the context's address; a later context at the same address (malloc
+    reuses it at once) must start clean. It used to inherit them: a replay table of a 64-expert model then fed
+    ids out of range to a 32-expert model's get_rows (an abort that depended on test order)."""
+    from moeslots.engine import stats
+
+    toks = list(range(30, 42))
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        f = m.facts
+        with Context(m, n_ctx=64, threads=2) as ref:
+            natural = _decode(ref, toks)
+        reused = False
+        for _ in range(20):
+            a = Context(m, n_ctx=64, threads=2)
+            addr = a.ptr
+            a.enable_stats(ring_rows=16)
+            replay.set_replay(a.ptr, replay.uniform(5, 2, f.n_expert, f.n_expert_used, seed=1))
+            a.close()
+            b = Context(m, n_ctx=64, threads=2)
+            try:
+                if b.ptr != addr:
+                    continue
+                reused = True
+                with pytest.raises(EngineError, match="stats are off"):
+                    stats.read(b.ptr, m.n_layer_all, f.n_expert, f.n_expert_used, 16)
+                got = _decode(b, toks)
+                assert all(np.array_equal(x, y) for x, y in zip(natural, got))      # the router, not a replay
+                break
+            finally:
+                b.close()
+    if not reused:
+        pytest.skip("the allocator never reused the context's address")

@@ -1,0 +1,70 @@
+"""Patch 0008: the host chain reads copies of its inputs taken before the GPU chain is queued (overlap on a GPU).
+The math must not change: logits with the overlap on and off are bit-identical, also over 10,000 decode steps
+with the switch flipped every 97 steps; switching rebuilds graphs and keeps the chat; the engine starts no
+threads of its own for it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.engine import cache
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.model import Context, LoadOptions, Model
+from test_cache import NodeNames
+
+
+@pytest.fixture(autouse=True)
+def _restore() -> None:
+    yield
+    cache.set_async(True)
+
+
+def _plan(m: Model, s: int) -> SlotPlan:
+    return SlotPlan.uniform([il for il in m.facts.moe_layers if il < m.facts.n_layer], s, m.facts.n_expert)
+
+
+def test_on_off_bit_identical_and_only_on_copies(tiny_qwen: Path) -> None:
+    rng = np.random.default_rng(3)
+    toks = [int(t) for t in rng.integers(0, 200, 40)]
+    out = {}
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        m.set_slots(_plan(m, 4), pack_host=True)
+        for on in (True, False, True):
+            cache.set_async(on)
+            assert cache.async_enabled() is on
+            names = NodeNames(r"^ffn_moe_cur_host-\d+$")
+            with Context(m, n_ctx=128, threads=2, cb_eval=names.callback) as ctx:
+                rows = []
+                ctx.decode(toks[:3], all_logits=True, prompt=True)       # 3 tokens: the two chains
+                rows += [ctx.logits(i).copy() for i in range(3)]
+                for t in toks[3:20]:
+                    ctx.decode([t])
+                    rows.append(ctx.logits().copy())
+                out.setdefault(on, []).append(np.array(rows))
+                assert bool(names.seen) is on
+    assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][0], out[True][1])
+
+
+def test_ten_thousand_steps_switching(tiny_qwen: Path) -> None:
+    rng = np.random.default_rng(5)
+    toks = [int(t) for t in rng.integers(0, 200, 10_000)]
+    before = set(threading.enumerate())
+    finals = []
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        m.set_slots(_plan(m, 4), pack_host=True)
+        for switching in (True, False):
+            cache.set_async(False)
+            with Context(m, n_ctx=10_240, n_batch=64, threads=2) as ctx:
+                digest = 0
+                for i, t in enumerate(toks):
+                    if switching and i % 97 == 0:
+                        cache.set_async(not cache.async_enabled())
+                    ctx.decode([t])
+                    digest = hash((digest, int(ctx.argmax())))
+                finals.append((digest, ctx.logits().copy()))
+    assert finals[0][0] == finals[1][0] and np.array_equal(finals[0][1], finals[1][1])
+    assert set(threading.enumerate()) == before
