@@ -497,12 +497,3 @@ def routing_check(path: Path, n_tokens: int = 256, threads: int | None = None, s
 
     tr = trace.trace_random_tokens(Path(path), n_tokens=n_tokens, threads=threads, seed=seed)
     return summarize_routing(tr.picks, tr.n_expert, tr.k)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the demo model
-
-
-def data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "moeslots"
