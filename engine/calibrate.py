@@ -15,9 +15,7 @@ Results are kept per machine (host name + GPU) in config.toml under [calibration
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
-import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -65,33 +63,21 @@ def machine_id() -> str:
     return f"{platform.node() or 'host'} / {g[0].description if g else 'no GPU'}"
 
 
-def _config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "moeslots" / "config.toml"
-
-
 def save(c: Calibration, path: Path | None = None) -> Path:
     """Merge into config.toml (atomically), keeping every other table."""
-    import tomli_w
+    from moeslots import configfile
 
-    p = path or _config_path()
+    p = path or configfile.path()
     cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
     cfg.setdefault("calibration", {})[c.machine] = dataclasses.asdict(c)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="config.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            tomli_w.dump(cfg, fh)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return configfile.write_atomic(cfg, p)
 
 
 def load(machine: str | None = None, path: Path | None = None) -> Calibration | None:
     """This machine's calibration, or None (not calibrated, or an unreadable entry)."""
-    p = path or _config_path()
+    from moeslots import configfile
+
+    p = path or configfile.path()
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
         d = cfg.get("calibration", {}).get(machine or machine_id())

@@ -11,15 +11,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomli_w
+from moeslots import configfile
 
-from moeslots.tui.store import config_dir
 
 APP_KEYS = {"model": str, "profile": str, "slots": (str, int), "mtp": bool}
 
@@ -29,7 +26,7 @@ class ConfigError(ValueError):
 
 
 def path() -> Path:
-    return config_dir() / "config.toml"
+    return configfile.path()
 
 
 def load(p: Path | None = None) -> dict[str, Any]:
@@ -59,12 +56,4 @@ def save_app(values: dict[str, Any], p: Path | None = None) -> None:
     p = p or path()
     cfg = load(p)
     cfg.setdefault("app", {}).update({k: v for k, v in values.items() if v is not None})
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="config.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            tomli_w.dump(cfg, fh)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    configfile.write_atomic(cfg, p)

@@ -15,11 +15,6 @@ def data_dir() -> Path:
     return Path(base) / "moeslots"
 
 
-def config_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "moeslots"
-
-
 class Store:
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / "chats.sqlite"

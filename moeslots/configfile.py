@@ -1,0 +1,35 @@
+"""The config file, $XDG_CONFIG_HOME/moeslots/config.toml: where it is, and an atomic TOML write that keeps every
+other table. Shared by the app's settings (tui/config.py) and the engine's calibration (engine/calibrate.py)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "moeslots"
+
+
+def path() -> Path:
+    return config_dir() / "config.toml"
+
+
+def write_atomic(cfg: dict[str, Any], p: Path | None = None) -> Path:
+    """Write the whole document to p (default: the config file) through a temporary file in the same folder."""
+    import tomli_w
+
+    p = p or path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="config.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            tomli_w.dump(cfg, fh)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
