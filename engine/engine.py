@@ -209,6 +209,8 @@ class Engine:
         if cfg.slots not in (None, 0):
             try:
                 self.set_slots(cfg.slots)
+                if cfg.slots == "auto":
+                    self.notices.append(self.explain_slots())
             except BaseException:
                 self.close()
                 raise
@@ -235,6 +237,42 @@ class Engine:
             return line
         finally:
             self._busy.release()
+
+    def cost_model(self) -> "tuple[CostModel, str]":
+        """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
+        from moeslots.engine import calibrate
+        from moeslots.profiles.simulate import CostModel
+
+        slab_mb = self.model.facts.slab_bytes / 1e6 or CostModel.slab_mb
+        cal = calibrate.load()
+        if cal is None:
+            return (CostModel(slab_mb=slab_mb),
+                    "default costs (H200 box): run `moeslots doctor --calibrate MODEL` for this machine's")
+        pinned = not self.model.opts.use_mmap
+        cost = cal.cost_model(slab_mb, pinned=pinned)
+        return cost, (f"costs calibrated on this machine {cal.date}, "
+                      f"{'pinned' if pinned else 'pageable (mmap)'} uploads at {cost.pcie_gbps:.1f} GB/s")
+
+    def explain_slots(self) -> str:
+        """One line on the slot count in use: what fits, and what the active profile predicts for it."""
+        from moeslots.profiles.simulate import simulate
+        from moeslots.profiles.trace import TraceError, read_csv
+
+        s = self._plan.slots_per_layer
+        f = self.model.facts
+        b = cache_mod.pack_bytes(self.model.ptr)
+        size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+        where = f"host memory (no GPU), {size}" if self.cfg.pack_host else f"{size} of VRAM"
+        line = f"slots: {s} of {f.n_expert} per layer in {where}"
+        if self.cfg.profile is None or not s:
+            return line
+        cost, source = self.cost_model()
+        try:
+            r = simulate(read_csv(Path(self.cfg.profile)), s, ["static-profile"], cost=cost)[0]
+        except (TraceError, ValueError):
+            return line
+        return (f"{line}; the profile predicts {100 * r.hit_rate:.0f} % of picks served from slots, est. "
+                f"{r.ms_per_token:.1f} ms/token [{source}]")
 
     def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
         if p is None or p == 0:
@@ -370,20 +408,7 @@ class Engine:
         slots = self._plan.slots_per_layer
         source = "given costs"
         if cost is None:
-            from moeslots.engine import calibrate
-
-            cal = calibrate.load()
-            slab_mb = self.model.facts.slab_bytes / 1e6 or None
-            if cal is not None:
-                pinned = not self.model.opts.use_mmap
-                cost = cal.cost_model(slab_mb, pinned=pinned)
-                source = (f"costs calibrated on this machine {cal.date}, "
-                          f"{'pinned' if pinned else 'pageable (mmap)'} uploads at {cost.pcie_gbps:.1f} GB/s")
-            else:
-                from moeslots.profiles.simulate import CostModel
-
-                cost = CostModel(slab_mb=slab_mb or CostModel.slab_mb)
-                source = "default costs (H200 box): run `moeslots doctor --calibrate MODEL` for this machine's"
+            cost, source = self.cost_model()
         try:
             n, why = choose_repick(read_csv(Path(self.cfg.profile)), slots, cost,
                                    max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)

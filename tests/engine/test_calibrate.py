@@ -66,3 +66,15 @@ def test_repick_auto_uses_the_calibration(cfg_home: Path) -> None:
         assert "calibrated on this machine" in line and eng.cfg.repick_every > 0
     finally:
         eng.close()
+
+
+def test_slots_auto_says_why(cfg_home: Path) -> None:
+    cfg = EngineConfig(model=bundled.model(), profile=bundled.profile("merged"), slots="auto", pack_host=True,
+                       mtp=False, threads=2, n_ctx=256)
+    eng = Engine(cfg)
+    try:
+        line = next(n for n in eng.notices if n.startswith("slots:"))
+        assert "32 of 64 per layer in host memory" in line and "% of picks served from slots" in line
+        assert "default costs" in line
+    finally:
+        eng.close()
