@@ -38,6 +38,7 @@ class BenchRow:
     distinct_per_layer: float
     top10_share: float
     load_line: str
+    splits: int = -1                 # backend runs of a 1-token decode graph (-1: engine without the counter)
 
 
 def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]:
@@ -128,6 +129,7 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
         log(f"{s} slots: {line}")
         warm()
         pp, per, st, moved = timed()
+        splits = ctx.graph_splits()                            # of the last graph: a 1-token decode
         want = greedy_prompts and (greedy_slots is None or s in greedy_slots or (s == 0 and ref_greedy is None))
         g = greedy() if want else None
         if s == 0:
@@ -142,7 +144,7 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
             decode_tok_s=len(per) / sum(per), ms_per_token_median=1000 * statistics.median(per),
             ms_per_token_p90=1000 * float(np.percentile(per, 90)), hit_rate=st.hit_rate if st else float("nan"),
             upload_mb_per_token=moved / len(per) / 1e6, greedy_agreement=agree, distinct_per_layer=distinct,
-            top10_share=top10, load_line=line))
+            top10_share=top10, load_line=line, splits=splits))
         log(render_row(rows[-1]))
     ctx.close()
     m.close()
@@ -153,12 +155,12 @@ def render_row(r: BenchRow) -> str:
     agree = "-" if r.greedy_agreement is None else f"{100 * r.greedy_agreement:.1f} %"
     return (f"| {r.slots} | {r.pack_mib:.0f} | {r.decode_tok_s:.1f} | {r.ms_per_token_median:.2f} | "
             f"{r.ms_per_token_p90:.2f} | {100 * r.hit_rate:.1f} % | {r.upload_mb_per_token:.2f} | "
-            f"{r.prompt_tok_s:.0f} | {agree} | {r.distinct_per_layer:.1f} / {100 * r.top10_share:.1f} % |")
+            f"{r.prompt_tok_s:.0f} | {agree} | {r.distinct_per_layer:.1f} / {100 * r.top10_share:.1f} % | {r.splits} |")
 
 
 HEADER = ("| slots/layer | pack MiB | decode tok/s | ms/token median | p90 | hit rate | weights MB/token to GPU | "
-          "prompt tok/s | greedy agreement vs 0 | routing: distinct/layer, top-10 % |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          "prompt tok/s | greedy agreement vs 0 | routing: distinct/layer, top-10 % | splits/token |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def render(rows: list[BenchRow], info: dict) -> str:
@@ -184,6 +186,7 @@ class MTPRow:
     tokens_per_step: float
     same_text: bool
     same_prefix: int               # tokens equal to plain greedy before the first difference
+    ms_step: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)   # per step: feed, drafts, verify, rest
 
 
 def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int], *, n_tokens: int = 128,
@@ -247,11 +250,14 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
             finally:
                 mtp.close()
             prefix = next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), min(len(got), len(ref)))
-            row = MTPRow(s, d, n_tokens / dt_plain, len(got) / dt, mtp.stats.acceptance, mtp.stats.tokens_per_step,
-                         got == ref[:len(got)], prefix)
+            st = mtp.stats
+            per = tuple(1000 * v / max(1, st.steps) for v in (st.t_feed, st.t_draft, st.t_verify, st.t_other))
+            row = MTPRow(s, d, n_tokens / dt_plain, len(got) / dt, st.acceptance, st.tokens_per_step,
+                         got == ref[:len(got)], prefix, per)  # type: ignore[arg-type]
             rows.append(row)
             log(f"| {s} | {d} | {row.plain_tok_s:.1f} | {row.mtp_tok_s:.1f} | {100 * row.acceptance:.0f} % | "
-                f"{row.tokens_per_step:.2f} | {'yes' if row.same_text else f'first {row.same_prefix} of {len(got)}'} |")
+                f"{row.tokens_per_step:.2f} | {'yes' if row.same_text else f'first {row.same_prefix} of {len(got)}'} | "
+                + " / ".join(f"{v:.1f}" for v in row.ms_step) + " |")
     ctx.close()
     m.close()
     return rows

@@ -317,6 +317,17 @@ class Context:
                 self.on_chunk(self.n_past, len(chunk))
             self.n_past += len(chunk)
 
+    def graph_splits(self) -> int:
+        """Backend runs (splits) of the last computed graph; each boundary is a synchronisation (-1: unknown)."""
+        L = native.lib()
+        if not native.hasattr_symbol(L, "llama_moeslots_graph_splits"):
+            return -1
+        f = L.llama_moeslots_graph_splits
+        if f.argtypes is None:
+            f.restype = ctypes.c_int32
+            f.argtypes = [ctypes.c_void_p]
+        return int(f(self.ptr))
+
     def logits(self, i: int = -1) -> np.ndarray:
         p = self._L.llama_get_logits_ith(self.ptr, i)
         return np.ctypeslib.as_array(p, shape=(self.model.n_vocab,))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -28,6 +29,10 @@ class MTPStats:
     drafted: int = 0
     accepted: int = 0
     tokens: int = 0         # tokens emitted by steps
+    t_feed: float = 0.0     # seconds feeding the target's accepted rows to the draft context
+    t_draft: float = 0.0    # seconds in draft decodes
+    t_verify: float = 0.0   # seconds in the target's verify decodes
+    t_other: float = 0.0    # the rest of step() (argmax/softmax, rollbacks, Python)
 
     @property
     def acceptance(self) -> float:
@@ -157,7 +162,9 @@ class MTP:
         sample = temperature > 0
         if sample and rng is None:
             rng = np.random.default_rng()
+        t0 = time.perf_counter()
         self.feed(history, n)                                  # draft KV covers 0..n-1
+        t1 = time.perf_counter()
         drafts: list[int] = []
         qs: list[np.ndarray] = []
         h = self.h[n - 1] if n > 0 else np.zeros(self.n_embd, np.float32)
@@ -174,7 +181,9 @@ class MTP:
             drafts.append(d)
             tok, pos = d, pos + 1
         self.truncate(n)                                       # draft rows are re-fed from the target's states
+        t2 = time.perf_counter()
         ctx.decode([x] + drafts, all_logits=True)
+        t3 = time.perf_counter()
         a = 0
         if sample:
             nxt = -1
@@ -201,6 +210,11 @@ class MTP:
         self.stats.drafted += len(drafts)
         self.stats.accepted += a
         self.stats.tokens += len(out) - 1
+        t4 = time.perf_counter()
+        self.stats.t_feed += t1 - t0
+        self.stats.t_draft += t2 - t1
+        self.stats.t_verify += t3 - t2
+        self.stats.t_other += t4 - t3
         return out
 
 

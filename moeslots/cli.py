@@ -188,8 +188,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
     if a.mtp:
         drafts = [int(x) for x in a.mtp.split(",") if x.strip()]
-        print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text |")
-        print("|---|---|---|---|---|---|---|")
+        print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text | "
+              "ms per step: feed / drafts / verify / rest |")
+        print("|---|---|---|---|---|---|---|---|")
         try:
             text = Path(a.prompt_file).read_text(encoding="utf-8") if a.prompt_file else None
             mrows = bench.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,

@@ -17,6 +17,7 @@ def test_bench_rows(tiny_qwen: Path) -> None:
     assert [r.slots for r in rows] == [0, 4, 8]
     assert rows[0].hit_rate == 0.0 and 0.0 < rows[1].hit_rate < rows[2].hit_rate
     assert all(r.upload_mb_per_token == 0.0 and r.decode_tok_s > 0 and r.prompt_tok_s > 0 for r in rows)
+    assert all(r.splits == 1 for r in rows)                  # CPU build: one backend, one run per graph
     assert rows[0].greedy_agreement == 1.0 and rows[1].greedy_agreement is None and rows[2].greedy_agreement == 1.0
     assert info["routing"] == "the model's router"
     table = bench.render(rows, info)
@@ -35,3 +36,15 @@ def test_repick_bench_matches_the_simulator() -> None:
         assert r.scheduler_mb_per_token == 0.0
         assert (r.swaps > 0) == (r.every > 0) and (r.mb_moved_per_token > 0) == (r.swaps > 0)
     assert "split" not in info["routings"]["uniform"]
+
+
+def test_mtp_bench_times_each_phase() -> None:
+    from moeslots.engine import bundled
+
+    rows = bench.run_mtp(bundled.model(), [0, 8], [2], n_tokens=24, threads=2, pack_host=True, mtp_head="host",
+                         prompt_text="What does `json.dumps` do?", log=lambda m: None)
+    for r in rows:
+        feed, drafts, verify, rest = r.ms_step
+        assert verify > 0 and drafts > 0 and feed >= 0 and rest >= 0
+        assert 1000 / r.mtp_tok_s * r.tokens_per_step >= 0.9 * (feed + drafts + verify)   # phases fit in a step
+        assert r.same_prefix == 24 if r.same_text else r.same_prefix < 24
