@@ -36,7 +36,11 @@ def cmd_engine_build(a: argparse.Namespace) -> int:
         console.print("build it there with: moeslots engine build --cuda --from-source "
                       f"{root}  (or: python -m moeslots engine build ...)")
         return 0
-    flags = build.BuildFlags(cuda=a.cuda, cuda_arch=a.cuda_arch, native=not a.portable, mtmd=a.mtmd)
+    extra = tuple(a.cmake_arg or ())
+    bad = [x for x in extra if not x.startswith("-D")]
+    if bad:
+        raise UserError(f"--cmake-arg takes -DNAME=VALUE, not {bad[0]!r}")
+    flags = build.BuildFlags(cuda=a.cuda, cuda_arch=a.cuda_arch, native=not a.portable, mtmd=a.mtmd, extra=extra)
     progress = Progress(TextColumn("[bold]compiling[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("[dim]{task.description}[/]"), console=console, transient=True)
     task = None
@@ -495,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES number (default: from the GPU, else 90)")
     b.add_argument("--portable", action="store_true", help="no -march=native (for a wheel used on other CPUs)")
     b.add_argument("--mtmd", action="store_true", help="also build llama-cpp-python's multimodal library")
+    b.add_argument("--cmake-arg", action="append", metavar="-DNAME=VALUE",
+                   help="extra CMake definition (repeatable), e.g. -DGGML_CUDA_FA=OFF for a faster test build")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached wheel matches")
     b.add_argument("--export-source", metavar="DIR", help="write the patched, trimmed source tree and stop")
     b.add_argument("--from-source", metavar="DIR", help="build from a tree written by --export-source (offline)")
