@@ -12,10 +12,10 @@ class SplitBar(Widget):
     share: reactive[float] = reactive(0.0)
 
     def render(self) -> Text:
-        width = max(10, self.size.width - 22)
+        width = max(10, self.size.width - 31)
         n = round(self.share * width)
-        t = Text("experts: GPU ")
+        t = Text("experts: slots ")
         t.append("█" * n, style="bold green")
         t.append("░" * (width - n), style="dim")
-        t.append(f" {100 * self.share:3.0f} % CPU {100 * (1 - self.share):3.0f} %")
+        t.append(f" {100 * self.share:3.0f} % host {100 * (1 - self.share):3.0f} %")
         return t
