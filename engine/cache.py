@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from moeslots.engine import native
+
+if TYPE_CHECKING:
+    import numpy as np
 from moeslots.engine.errors import EngineError
 
 ERR_INPUT, ERR_NO_MEMORY, ERR_UNSUPPORTED = -1, -2, -3

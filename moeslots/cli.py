@@ -372,6 +372,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     """Greedy text from the bundled model, without the app."""
     from moeslots.engine import bundled, native
+    from moeslots.engine.errors import EngineError
 
     native.require_patched()
     try:
@@ -473,6 +474,8 @@ def cmd_app(a: argparse.Namespace) -> int:
         ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096,
                                 repick=None)
         return cmd_chat(ns)
+    from moeslots.engine.errors import EngineError
+
     try:
         path, prof = bundled.model(), bundled.profile("merged")
     except EngineError as e:

@@ -109,3 +109,16 @@ def test_bad_config_is_one_line(tmp_path: Path, tiny_qwen: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "moeslots", "chat", str(tiny_qwen)], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
     _one_line_error(r, "config.toml", "app.slots has the wrong type")
+
+
+def test_a_missing_bundled_model_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from moeslots import cli
+    from moeslots.engine import bundled
+
+    monkeypatch.setattr(bundled, "_ASSETS", tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))        # no [app] model of the developer's
+    for cmd in (["demo"], []):                                   # `moeslots demo`, `moeslots` (the app)
+        assert cli.main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "the bundled model is missing" in err and "Traceback" not in err

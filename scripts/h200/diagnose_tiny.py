@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 CASES = {
     "gpu-all": "opts=LoadOptions(experts_on_host=False); plan=None",

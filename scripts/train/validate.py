@@ -74,7 +74,7 @@ def check_f32(tm: GLM4MoE, path: Path, ids: list[int], threads: int) -> dict:
     trunk_moe = [i for i in range(tm.c.n_layer) if i >= tm.c.n_dense_lead]
     with torch.no_grad():
         x = torch.tensor([ids[:64]])
-        hn = tm.trunk(x)
+        tm.trunk(x)                                          # fills each MoE layer's last_ids/last_sel
         t_ids = {il: torch.sort(mo.last_ids, -1).values.numpy() for il, mo in zip(trunk_moe, moes)}
         gaps = {}
         for il, mo in zip(trunk_moe, moes):

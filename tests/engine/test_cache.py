@@ -14,7 +14,7 @@ import pytest
 from moeslots.engine import cache, native, synth
 from moeslots.engine.cache import CacheError, SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
-from specs import KQ_GLM, TINY_GLM, TINY_QWEN
+from specs import KQ_GLM
 
 PROMPT_LEN = 70                       # >= 32: the stock path (op-offload threshold)
 CHUNKS = [1, 2, 3, 4, 5, 6, 7, 8, 1, 1]
