@@ -328,9 +328,11 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
             for s in slot_counts:
                 plan0 = SlotPlan(plan_from_counts(counts, s, moe))
                 initial = _resident_from_plan(dict(plan0.layers), moe, f.n_expert)
+                m.set_slots(plan0, pack_host=pack_host)                 # one full upload per slot count
+                plan = plan0
                 for every in intervals:
+                    _restore(m, plan, plan0, pack_host)                  # undo the last policy's swaps only
                     plan = plan0
-                    m.set_slots(plan, pack_host=pack_host)
                     ctx.reset()
                     ctx.decode(toks[:12], prompt=True)                     # rows 0..11: prompt
                     for t in toks[12:16]:                                 # rows 12..15: graphs, ring warm
@@ -367,6 +369,22 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
         ctx.close()
         m.close()
     return rows, info
+
+
+def _restore(m: Model, plan: SlotPlan, plan0: SlotPlan, pack_host: bool) -> None:
+    """Put plan0's experts back into the slots a re-pick changed (the pack stays allocated); when an expert has to
+    come back from another slot (swap cannot move a resident expert), reconfigure instead."""
+    if plan is plan0:
+        return
+    for il, slots in plan.layers.items():
+        want = plan0.layers[il]
+        if any(want[j] in slots for j in range(len(slots)) if slots[j] != want[j]):
+            m.set_slots(plan0, pack_host=pack_host)
+            return
+    for il, slots in plan.layers.items():
+        for slot, (e, e0) in enumerate(zip(slots, plan0.layers[il])):
+            if e != e0:
+                cache.swap(m.ptr, il, slot, e0)
 
 
 REPICK_HEADER = ("| routing | slots | policy | tok/s | ms/token | hit % | MB moved/token | swaps | sim hit % | "

@@ -48,3 +48,22 @@ def test_mtp_bench_times_each_phase() -> None:
         assert verify > 0 and drafts > 0 and feed >= 0 and rest >= 0
         assert 1000 / r.mtp_tok_s * r.tokens_per_step >= 0.9 * (feed + drafts + verify)   # phases fit in a step
         assert r.same_prefix == 24 if r.same_text else r.same_prefix < 24
+
+
+def test_restore_puts_the_plan_back(tiny_qwen: Path) -> None:
+    """The re-pick bench reuses one pack per slot count: after a policy's swaps the initial plan comes back, by
+    swaps, or by a reconfigure when an expert moved between slots."""
+    from moeslots.engine import cache
+    from moeslots.engine.cache import SlotPlan
+    from moeslots.engine.model import LoadOptions, Model
+
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        plan0 = SlotPlan({0: (1, 2, 3), 1: (4, 5, 6)})
+        m.set_slots(plan0, pack_host=True)
+        cache.swap(m.ptr, 0, 1, 9)                                  # 2 -> 9
+        bench._restore(m, SlotPlan({0: (1, 9, 3), 1: (4, 5, 6)}), plan0, True)
+        assert cache.swap(m.ptr, 0, 1, 2) == 0                       # 2 is back in slot 1 (no bytes to move)
+        cache.swap(m.ptr, 1, 0, 8)                                   # 4 -> 8, then 4 comes back in slot 2
+        cache.swap(m.ptr, 1, 2, 4)
+        bench._restore(m, SlotPlan({1: (8, 5, 4), 0: (1, 2, 3)}), plan0, True)
+        assert cache.swap(m.ptr, 1, 0, 4) == 0 and cache.swap(m.ptr, 1, 2, 6) == 0
