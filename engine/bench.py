@@ -286,11 +286,14 @@ class RepickRow:
 def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence[int], routings: Sequence[str], *,
                n_decode: int = 256, profile_rows: int = 1024, threads: int | None = None, mmap: bool = True,
                pack_host: bool = False, max_swaps: int = 4, window: int = 64, margin: float = 0.25,
-               cost: "object | None" = None, log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
+               cost: "object | None" = None, overlap: bool = False,
+               log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
     """For each routing (a trace CSV, or "uniform"), replayed through the router: the static plan is the top-S of
     the first `profile_rows` rows (the profile); the timed decode replays the rows after them. Re-picks run
-    between decode steps exactly as in the engine (cache.repick), their copies inside the timed step. The
-    simulator runs the same rows with the same rule (profiles.simulate._reelect) under `cost`."""
+    between decode steps exactly as in the engine (cache.repick), their copies inside the timed step; with
+    overlap=True they are staged on a worker thread and committed between steps (cache.Stager, as the engine does),
+    so a re-pick's swaps arrive over the next tokens. The simulator runs the same rows with the same rule
+    (profiles.simulate._reelect; it applies swaps at once) under `cost`."""
     from moeslots.engine import replay
     from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static
 
@@ -308,6 +311,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
             "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
             "routings": {}}
     rows: list[RepickRow] = []
+    stager: "cache.Stager | None" = None
     try:
         for routing in routings:
             full = (replay.uniform(profile_rows + n_decode + 16, len(moe), f.n_expert, f.n_expert_used, seed=7)
@@ -328,10 +332,13 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
             for s in slot_counts:
                 plan0 = SlotPlan(plan_from_counts(counts, s, moe))
                 initial = _resident_from_plan(dict(plan0.layers), moe, f.n_expert)
-                m.set_slots(plan0, pack_host=pack_host)                 # one full upload per slot count
+                m.set_slots(plan0, pack_host=pack_host, spare=overlap)  # one full upload per slot count
+                if stager is not None:
+                    stager.close()
+                stager = cache.Stager(m.ptr) if overlap else None
                 plan = plan0
                 for every in intervals:
-                    _restore(m, plan, plan0, pack_host)                  # undo the last policy's swaps only
+                    _restore(m, plan, plan0, pack_host, overlap)         # undo the last policy's swaps only
                     plan = plan0
                     ctx.reset()
                     ctx.decode(toks[:12], prompt=True)                     # rows 0..11: prompt
@@ -344,12 +351,21 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                         t1 = time.perf_counter()
                         ctx.decode([t])
                         since += 1
+                        if stager is not None:
+                            plan, n_sw, n_b = stager.poll(plan)
+                            swaps, moved = swaps + n_sw, moved + n_b
                         if every and since >= every:
                             since = 0
-                            plan, n_sw, n_b = cache.repick(m.ptr, plan, ctx.read_stats().ring, f.n_expert,
-                                                           max_swaps=max_swaps, window=window, margin=margin)
-                            swaps, moved = swaps + n_sw, moved + n_b
+                            if stager is None:
+                                plan, n_sw, n_b = cache.repick(m.ptr, plan, ctx.read_stats().ring, f.n_expert,
+                                                               max_swaps=max_swaps, window=window, margin=margin)
+                                swaps, moved = swaps + n_sw, moved + n_b
+                            elif not stager.busy:
+                                stager.begin(cache.elect_swaps(plan, ctx.read_stats().ring, f.n_expert,
+                                                               max_swaps=max_swaps, window=window, margin=margin))
                         per.append(time.perf_counter() - t1)
+                    if stager is not None:
+                        stager.drain()                             # copies still in flight are dropped
                     st = ctx.read_stats()
                     sched = stats_mod.weight_copy_bytes() - b0
                     if every:
@@ -365,13 +381,15 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                     rows.append(row)
                     log(render_repick_row(row))
     finally:
+        if stager is not None:
+            stager.close()
         replay.set_replay(ctx.ptr, None)
         ctx.close()
         m.close()
     return rows, info
 
 
-def _restore(m: Model, plan: SlotPlan, plan0: SlotPlan, pack_host: bool) -> None:
+def _restore(m: Model, plan: SlotPlan, plan0: SlotPlan, pack_host: bool, spare: bool = False) -> None:
     """Put plan0's experts back into the slots a re-pick changed (the pack stays allocated); when an expert has to
     come back from another slot (swap cannot move a resident expert), reconfigure instead."""
     if plan is plan0:
@@ -379,7 +397,7 @@ def _restore(m: Model, plan: SlotPlan, plan0: SlotPlan, pack_host: bool) -> None
     for il, slots in plan.layers.items():
         want = plan0.layers[il]
         if any(want[j] in slots for j in range(len(slots)) if slots[j] != want[j]):
-            m.set_slots(plan0, pack_host=pack_host)
+            m.set_slots(plan0, pack_host=pack_host, spare=spare)
             return
     for il, slots in plan.layers.items():
         for slot, (e, e0) in enumerate(zip(slots, plan0.layers[il])):

@@ -19,6 +19,7 @@ from moeslots.engine.errors import EngineError
 
 ERR_INPUT, ERR_NO_MEMORY, ERR_UNSUPPORTED = -1, -2, -3
 PACK_HOST = 1
+SPARE = 2          # one more pack entry per layer: stage/commit (re-pick copies overlapping decoding)
 
 
 class CacheError(EngineError):
@@ -74,7 +75,7 @@ def _bind() -> object:
 
 
 def configure(model_ptr: int, n_layer_all: int, plan: SlotPlan, *, pack_host: bool = False,
-              max_bytes: int = 0) -> str:
+              max_bytes: int = 0, spare: bool = False) -> str:
     """Replace the model's cache with plan; returns the engine's load line. On error the cache is empty
     (the old pack is freed first) and CacheError carries the engine's message."""
     L = _bind()
@@ -85,8 +86,8 @@ def configure(model_ptr: int, n_layer_all: int, plan: SlotPlan, *, pack_host: bo
     flat = [e for il in range(n_layer_all) for e in plan.slots_of(il)]
     ids = (ctypes.c_int32 * max(1, len(flat)))(*flat)
     msg = ctypes.create_string_buffer(512)
-    rc = L.llama_moeslots_cache_configure(model_ptr, counts, ids, n_layer_all, PACK_HOST if pack_host else 0,
-                                          max_bytes, msg, len(msg))
+    flags = (PACK_HOST if pack_host else 0) | (SPARE if spare else 0)
+    rc = L.llama_moeslots_cache_configure(model_ptr, counts, ids, n_layer_all, flags, max_bytes, msg, len(msg))
     text = msg.value.decode("utf-8", "replace")
     if rc != 0:
         raise CacheError(text or f"expert cache error {rc}", rc)
@@ -106,31 +107,71 @@ def swap(model_ptr: int, layer: int, slot: int, expert: int) -> int:
     return n
 
 
-def repick(model_ptr: int, plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps: int, window: int,
-           margin: float) -> tuple[SlotPlan, int, int]:
-    """One re-pick (adaptive residency): per layer, elect residents from the decode rows of the last `window`
-    positions in the routing ring (profiles.plan.elect, the simulator's reelect rule) and copy only the swapped
-    slabs. Returns (new plan, swaps, bytes copied)."""
+def elect_swaps(plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps: int, window: int,
+                margin: float) -> dict[int, list[tuple[int, int]]]:
+    """One re-pick's election (profiles.plan.elect, the simulator's reelect rule) per layer of the plan, from the
+    decode rows of the last `window` positions in the routing ring: {layer: [(slot, new expert), ...]}."""
     import numpy as np
 
     from moeslots.profiles.plan import elect
 
     ring = ring[ring[:, 0] >= 0]
     if not len(ring) or not plan.layers:
-        return plan, 0, 0
+        return {}
     recent = ring[ring[:, 0] > int(ring[:, 0].max()) - window]
-    layers = dict(plan.layers)
-    moved = swaps = 0
-    for il, slots in layers.items():
+    out = {}
+    for il, slots in plan.layers.items():
         rows = recent[recent[:, 1] == il][:, 2:]
         scores = np.bincount(rows.ravel(), minlength=n_expert).astype(np.float64)
-        new = list(slots)
-        for slot, e in elect(scores, slots, max_swaps, margin):
+        out[il] = elect(scores, slots, max_swaps, margin)
+    return out
+
+
+def repick(model_ptr: int, plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps: int, window: int,
+           margin: float) -> tuple[SlotPlan, int, int]:
+    """One re-pick, copies done now (between decodes): elect, then swap only the changed slabs.
+    Returns (new plan, swaps, bytes copied); the same plan object when the ring had nothing to elect from."""
+    swaps_of = elect_swaps(plan, ring, n_expert, max_swaps=max_swaps, window=window, margin=margin)
+    if not swaps_of:
+        return plan, 0, 0
+    layers = dict(plan.layers)
+    moved = swaps = 0
+    for il, swaps_il in swaps_of.items():
+        new = list(layers[il])
+        for slot, e in swaps_il:
             moved += swap(model_ptr, il, slot, e)
             new[slot] = e
             swaps += 1
         layers[il] = tuple(new)
     return SlotPlan(layers), swaps, moved
+
+
+def stage(model_ptr: int, layer: int, expert: int) -> int:
+    """Copy a non-resident expert into the layer's spare pack entry (packs configured with spare=True). Safe to run
+    on another thread while the model's contexts decode; not while the cache is configured, swapped or committed.
+    Returns the bytes copied."""
+    L = _bind()
+    f = L.llama_moeslots_cache_stage
+    if f.argtypes is None:
+        f.restype = ctypes.c_int64
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    n = int(f(model_ptr, layer, expert))
+    if n < 0:
+        raise CacheError(f"cannot stage expert {expert} of layer {layer} (no spare entry, resident already, or a "
+                         f"stage in progress; code {n})", n)
+    return n
+
+
+def commit(model_ptr: int, layer: int, slot: int) -> None:
+    """Between decodes: the staged expert becomes the resident of `slot` (no copy: the maps move)."""
+    L = _bind()
+    f = L.llama_moeslots_cache_commit
+    if f.argtypes is None:
+        f.restype = ctypes.c_int32
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    rc = int(f(model_ptr, layer, slot))
+    if rc != 0:
+        raise CacheError(f"nothing staged to commit into slot {slot} of layer {layer} (code {rc})", rc)
 
 
 def clear(model_ptr: int) -> None:
@@ -164,3 +205,73 @@ def async_enabled() -> bool:
         f.restype = ctypes.c_bool
         f.argtypes = []
     return bool(f())
+
+
+class Stager:
+    """Re-pick copies that overlap decoding (patch 0011; packs configured with spare=True): `begin` takes a
+    re-pick's swaps; one copy per layer at a time is staged on a worker thread; `poll`, called between decodes,
+    commits the finished ones and starts the next, so a re-pick's swaps come in over the next tokens."""
+
+    def __init__(self, model_ptr: int) -> None:
+        import concurrent.futures
+
+        self.model_ptr = model_ptr
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeslots-stage")
+        self._job: "concurrent.futures.Future[list[tuple[int, int, int, int]]] | None" = None
+        self.pending: dict[int, list[tuple[int, int]]] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending) or self._job is not None
+
+    def begin(self, swaps_of: Mapping[int, Sequence[tuple[int, int]]]) -> None:
+        if self.busy:
+            raise CacheError("a re-pick's copies are still coming in", ERR_INPUT)
+        self.pending = {il: list(v) for il, v in swaps_of.items() if v}
+        self._start()
+
+    def _start(self) -> None:
+        jobs = [(il, *swaps[0]) for il, swaps in self.pending.items() if swaps]
+        if not jobs:
+            self.pending = {}
+            return
+        ptr = self.model_ptr
+        self._job = self._pool.submit(lambda: [(il, slot, e, stage(ptr, il, e)) for il, slot, e in jobs])
+
+    def poll(self, plan: SlotPlan, wait: bool = False) -> tuple[SlotPlan, int, int]:
+        """Between decodes: commit what finished (waiting for it with wait=True). Returns (plan, swaps, bytes)."""
+        job = self._job
+        if job is None or not (wait or job.done()):
+            return plan, 0, 0
+        self._job = None
+        try:
+            done = job.result()
+        except CacheError:
+            self.pending = {}
+            raise
+        layers = dict(plan.layers)
+        moved = 0
+        for il, slot, e, nbytes in done:
+            commit(self.model_ptr, il, slot)
+            new = list(layers[il])
+            new[slot] = e
+            layers[il] = tuple(new)
+            self.pending[il].pop(0)
+            moved += nbytes
+        self.pending = {il: v for il, v in self.pending.items() if v}
+        self._start()
+        return SlotPlan(layers), len(done), moved
+
+    def drain(self) -> None:
+        """Wait for a copy in flight and drop the rest (before a reconfigure)."""
+        job, self._job = self._job, None
+        if job is not None:
+            try:
+                job.result()
+            except CacheError:
+                pass
+        self.pending = {}
+
+    def close(self) -> None:
+        self.drain()
+        self._pool.shutdown(wait=True)

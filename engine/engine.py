@@ -38,7 +38,6 @@ class EngineConfig:
     mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
     mtp_head_on_gpu: bool = False                   # the NextN block's experts on the GPU (else host, no slots)
-    async_cpu: bool = True                          # no effect yet: the CPU/GPU chain overlap is a later patch
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
     async_cpu: bool = True                          # host chain overlaps the GPU chain (patch 0008; process-wide)
@@ -47,6 +46,8 @@ class EngineConfig:
     repick_swaps: int = 4                           # at most M swaps per layer per re-pick
     repick_window: int = 64                         # decode tokens whose routing elects the residents
     repick_margin: float = 0.25                     # a candidate must beat the incumbent by this much (hysteresis)
+    repick_overlap: bool = True                     # re-pick copies on a worker thread while decoding (patch 0011:
+                                                    # one spare pack entry per layer when re-picking at load)
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -205,6 +206,8 @@ class Engine:
         self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
         self._since_repick = 0
         self._repicks = self._repick_swaps = self._repick_bytes = 0
+        self._spare = False                                # the packs have a spare entry (overlapped re-picks)
+        self._stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self._rec_tokens = 0
         if cfg.slots not in (None, 0):
             try:
@@ -224,16 +227,18 @@ class Engine:
             raise EngineError("cannot change slots while generating: stop the reply first")
         try:
             old = self._plan
+            self._drain_stage()
+            spare = self.cfg.repick_overlap and self.cfg.repick_every > 0
             try:
-                line = self.model.set_slots(plan, pack_host=self.cfg.pack_host)
+                line = self.model.set_slots(plan, pack_host=self.cfg.pack_host, spare=spare)
             except cache_mod.CacheError:
                 try:
-                    self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host)
+                    self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host, spare=spare)
                 except cache_mod.CacheError:
                     self._plan, self.load_line = SlotPlan({}), "expert cache: off"
                 raise
             with self._lock:
-                self._plan, self.load_line = plan, line
+                self._plan, self.load_line, self._spare = plan, line, spare
             return line
         finally:
             self._busy.release()
@@ -420,6 +425,8 @@ class Engine:
     def _maybe_repick(self, n_new: int) -> None:
         """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the
         recent window's picks (profiles.plan.elect, the simulator's rule) and copy only the swapped slabs."""
+        if self._stager is not None:
+            self._commit_stage()                                   # between decodes: the copies that are in
         n = self.cfg.repick_every
         if n <= 0 or not self._plan.layers:
             return
@@ -427,6 +434,19 @@ class Engine:
         if self._since_repick < n:
             return
         self._since_repick = 0
+        if self._spare and self.cfg.repick_overlap:
+            if self._stager is None:
+                self._stager = cache_mod.Stager(self.model.ptr)
+            if self._stager.busy:
+                return                                             # the last re-pick's copies are still coming in
+            swaps_of = cache_mod.elect_swaps(self._plan, self.ctx.read_stats().ring, self.model.facts.n_expert,
+                                             max_swaps=self.cfg.repick_swaps, window=self.cfg.repick_window,
+                                             margin=self.cfg.repick_margin)
+            if swaps_of:
+                with self._lock:
+                    self._repicks += 1
+                self._stager.begin(swaps_of)
+            return
         plan, swaps, moved = cache_mod.repick(self.model.ptr, self._plan, self.ctx.read_stats().ring,
                                               self.model.facts.n_expert, max_swaps=self.cfg.repick_swaps,
                                               window=self.cfg.repick_window, margin=self.cfg.repick_margin)
@@ -438,6 +458,23 @@ class Engine:
             self._repick_swaps += swaps
             self._repick_bytes += moved
             self._upload_bytes += moved
+
+    def _commit_stage(self) -> None:
+        try:
+            plan, swaps, moved = self._stager.poll(self._plan)        # type: ignore[union-attr]
+        except cache_mod.CacheError as e:
+            self.notices.append(f"re-pick copy failed, re-picks continue from the current plan: {e}")
+            return
+        if swaps:
+            with self._lock:
+                self._plan = plan
+                self._repick_swaps += swaps
+                self._repick_bytes += moved
+                self._upload_bytes += moved
+
+    def _drain_stage(self) -> None:
+        if self._stager is not None:
+            self._stager.drain()
 
     def slots_info(self) -> str:
         """One line for the slots dialog: bytes per slot, the pack now, what the free VRAM would hold."""
@@ -594,6 +631,9 @@ class Engine:
                 busy.release()
 
     def _close(self) -> None:
+        if getattr(self, "_stager", None) is not None:
+            self._stager.close()
+            self._stager = None
         with self._lock:
             if getattr(self, "mtp", None) is not None:
                 self.mtp.close()

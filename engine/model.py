@@ -129,14 +129,14 @@ class Model:
         self.n_layer_all = self.facts.n_layer + self.facts.n_nextn
         self.cache_line = "expert cache: off"
 
-    def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0) -> str:
+    def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0, spare: bool = False) -> str:
         """Configure the static expert cache (between generations); returns the engine's load line.
         Contexts keep working: their graphs are rebuilt on the next decode."""
         from moeslots.engine import cache
 
         try:
             self.cache_line = cache.configure(self.ptr, self.n_layer_all, plan, pack_host=pack_host,
-                                              max_bytes=max_bytes)
+                                              max_bytes=max_bytes, spare=spare)
         except cache.CacheError:
             self.cache_line = "expert cache: off"
             raise

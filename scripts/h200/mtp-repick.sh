@@ -85,5 +85,10 @@ echo "== $(date +%T) stats cost, again (stats on first this time)"
 timeout 45 $M bench /tmp/mtp.gguf --slots 0,64 -n 64 --prompt-len 128 --threads 16 --greedy-prompts 0 --json $B/stats-on.json
 timeout 45 $M bench /tmp/mtp.gguf --slots 0,64 -n 64 --prompt-len 128 --threads 16 --greedy-prompts 0 --no-stats --json $B/stats-off.json; pack
 fi
+if [ "${OVERLAP:-0}" = 1 ]; then
+echo "== $(date +%T) re-pick copies overlapping decode (patch 0011), pageable and pinned, code trace"
+timeout ${OVERLAP_S:-120} $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json; pack
+timeout ${OVERLAP_S:-120} $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json; pack
+fi
 echo "== $(date +%T) done"
 } 2>&1 | tee "$OUT/mtp-repick.txt"

@@ -8,7 +8,7 @@
 #   3. stats on/off at 0 slots (the first measurement was confounded by a cold start);
 #   4. static vs re-pick under replayed real (code, chat) and uniform routing (what time is left).
 # A second call then decides where the MTP head lives (issue 6):
-#   MTP=1 REPICK=1 REPICK_SLOTS=32,64 MTP_HEADS="host gpu slots" bash scripts/h200/mtp-repick.sh
+#   MTP=1 REPICK=1 OVERLAP=1 REPICK_SLOTS=32,64 MTP_HEADS="host gpu slots" bash scripts/h200/mtp-repick.sh
 set -u
 cd "$(dirname "$0")/../.."
 MTP=0 ASYNC=1 REPICK=1 DIAG=1 STATS=1 REPICK_SLOTS=${REPICK_SLOTS:-19,32,64} REPICK_S=${REPICK_S:-200} PINNED_S=${PINNED_S:-100} \

@@ -24,6 +24,16 @@ def test_bench_rows(tiny_qwen: Path) -> None:
     assert table.count("\n| ") == 4 and "| 8 |" in table
 
 
+def test_repick_bench_overlapped_copies() -> None:
+    from moeslots.engine import bundled
+
+    rows, _ = bench.run_repick(bundled.model(), [8], [0, 2], [str(bundled.profile("chat"))], n_decode=24,
+                               profile_rows=256, threads=2, pack_host=True, overlap=True, log=lambda m: None)
+    static, repick = rows
+    assert static.swaps == 0 and repick.swaps > 0 and repick.mb_moved_per_token > 0
+    assert repick.scheduler_mb_per_token == 0.0
+
+
 def test_repick_bench_matches_the_simulator() -> None:
     from moeslots.engine import bundled
 

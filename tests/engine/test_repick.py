@@ -57,17 +57,21 @@ def test_swaps_keep_logits_exact_and_move_slabs(tiny_qwen: Path) -> None:
             cache.swap(m.ptr, f.moe_layers[0], 1, resident[f.moe_layers[0]][0])          # resident elsewhere
 
 
-def test_engine_repick_every_token_matches_static_output(tiny_glm: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_repick_every_token_matches_static_output(tiny_glm: Path, overlap: bool) -> None:
+    """Synchronous swaps, or copies staged on a worker thread while decoding and committed between decodes (patch
+    0011): either way the text equals the static cache's, byte for byte."""
     plan = SlotPlan.uniform([1, 2], 4, 16)
     texts = []
     for every in (0, 1):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=24, mtp=False, slots=plan,
-                                repick_every=every, repick_swaps=2, repick_margin=0.0))
+                                repick_every=every, repick_swaps=2, repick_margin=0.0, repick_overlap=overlap))
         try:
             texts.append("".join(ev.text for ev in e.chat([Message("user", "hi")]) if isinstance(ev, TextDelta)))
             snap = e.snapshot()
             if every:
-                assert snap.repicks >= 20 and snap.repick_swaps > 0
+                # overlapped: a re-pick waits until the last one's copies are in (one stage per layer per token)
+                assert snap.repicks >= (5 if overlap else 20) and snap.repick_swaps > 0
                 assert snap.repick_mb * 1e6 == snap.repick_swaps * e.model.facts.slab_bytes
                 assert snap.upload_mb_per_token > 0
             else:
@@ -112,3 +116,65 @@ def test_repick_auto_from_the_profile(tiny_glm: Path, tmp_path: Path) -> None:
             e.set_repick_auto()
     finally:
         e.close()
+
+
+def test_stage_on_a_thread_commit_between_decodes(tiny_qwen: Path) -> None:
+    """Patch 0011: an expert is copied into the spare entry on a worker thread while the context decodes, then
+    committed between two decodes; every logit equals the stock run's, the moved expert answers `swap` as already
+    placed, and misuse is refused."""
+    import threading
+
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        toks = [int(t) for t in np.random.default_rng(9).integers(0, 300, 80)]
+        ctx.decode(toks[:4], prompt=True)
+        stock = [ctx.logits().copy()]
+        for t in toks[4:]:
+            ctx.decode([t])
+            stock.append(ctx.logits().copy())
+
+        m.set_slots(SlotPlan.uniform(f.moe_layers, 3, f.n_expert), pack_host=True)       # no spare entry
+        with pytest.raises(cache.CacheError, match="no spare"):
+            cache.stage(m.ptr, f.moe_layers[0], 7)
+        plan = SlotPlan({il: (0, 1, 2) for il in f.moe_layers})
+        m.set_slots(plan, pack_host=True, spare=True)
+        with pytest.raises(cache.CacheError):
+            cache.stage(m.ptr, f.moe_layers[0], 1)                  # resident already
+        with pytest.raises(cache.CacheError, match="nothing staged"):
+            cache.commit(m.ptr, f.moe_layers[0], 0)
+
+        ctx.reset()
+        ctx.decode(toks[:4], prompt=True)
+        got = [ctx.logits().copy()]
+        rng = np.random.default_rng(1)
+        slots = {il: list(v) for il, v in plan.layers.items()}
+        for i, t in enumerate(toks[4:]):
+            il = f.moe_layers[i % len(f.moe_layers)]
+            e = int(rng.choice([x for x in range(f.n_expert) if x not in slots[il]]))
+            out: list[int] = []
+            worker = threading.Thread(target=lambda il=il, e=e, out=out: out.append(cache.stage(m.ptr, il, e)))
+            worker.start()
+            ctx.decode([t])                                         # decodes while the copy runs
+            got.append(ctx.logits().copy())
+            worker.join()
+            slot = i % 3
+            cache.commit(m.ptr, il, slot)                           # between decodes
+            slots[il][slot] = e
+            assert out[0] > 0 and cache.swap(m.ptr, il, slot, e) == 0
+        for a, b in zip(stock, got):
+            assert np.array_equal(a, b)
+
+
+def test_close_and_reconfigure_with_copies_in_flight(tiny_glm: Path) -> None:
+    import threading
+
+    plan = SlotPlan.uniform([1, 2], 4, 16)
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=16, mtp=False, slots=plan,
+                            repick_every=1, repick_swaps=4, repick_margin=0.0))
+    try:
+        list(e.chat([Message("user", "hi")]))
+        assert "4 slots" in e.set_slots(plan)                        # waits for a stage in flight, drops the rest
+        list(e.chat([Message("user", "hi"), Message("assistant", "x"), Message("user", "more")]))
+    finally:
+        e.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("moeslots-stage")]
