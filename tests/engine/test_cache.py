@@ -195,3 +195,30 @@ def test_no_gpu_means_no_slots_without_host_packs(tiny_qwen: Path) -> None:
     with Model(tiny_qwen) as m:
         with pytest.raises(CacheError, match="no GPU to hold slots"):
             m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 2, m.facts.n_expert))
+
+
+def test_fully_resident_layers_build_no_host_chain(tiny_qwen: Path) -> None:
+    """Patch 0012: with every expert of a layer in slots the host chain would add zeros, so it is not built (no
+    host round trip for that layer); a layer with fewer slots keeps both chains; logits stay bit-identical."""
+    toks = _tokens(200, 8, 11)
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        f = m.facts
+        with Context(m, n_ctx=64, threads=2) as ctx:
+            stock = _decode_steps(ctx, toks)
+        full, part = f.moe_layers[0], f.moe_layers[1]
+        m.set_slots(SlotPlan({full: tuple(range(f.n_expert)), part: (0, 1, 2)}), pack_host=True)
+        names = NodeNames(r"^ffn_moe_(ids_host|ids_slots)-\d+$")
+        with Context(m, n_ctx=64, threads=2, cb_eval=names.callback) as ctx:
+            got = _decode_steps(ctx, toks)
+        assert f"ffn_moe_ids_slots-{full}" in names.seen and f"ffn_moe_ids_host-{full}" not in names.seen
+        assert f"ffn_moe_ids_host-{part}" in names.seen
+        assert_identical(stock, got, "fully resident layer")
+
+
+def _decode_steps(ctx: Context, toks: list[int]) -> list[np.ndarray]:
+    ctx.decode(toks[:2], prompt=True)
+    out = [ctx.logits().copy()]
+    for t in toks[2:]:
+        ctx.decode([t])
+        out.append(ctx.logits().copy())
+    return out
