@@ -8,16 +8,12 @@ from moeslots.engine.errors import EngineError
 
 NAME = "moeslots-tiny-glm4moe"
 _ASSETS = Path(__file__).resolve().parent / "assets"
-_PROFILES = Path(__file__).resolve().parent.parent / "profiles" / "data"
 
 
 def _profiles_dir() -> Path:
-    try:                                  # installed: the moeslots.profiles package directory
-        import moeslots.profiles as p
+    import moeslots.profiles
 
-        return Path(p.__file__).resolve().parent / "data"
-    except ImportError:  # pragma: no cover
-        return _PROFILES
+    return Path(moeslots.profiles.__file__).resolve().parent / "data"
 
 
 def model() -> Path:

@@ -71,6 +71,16 @@ def _bind() -> object:
         L.llama_moeslots_cache_bytes.argtypes = [ctypes.c_void_p]
         L.llama_moeslots_cache_max_tokens.restype = ctypes.c_int32
         L.llama_moeslots_cache_max_tokens.argtypes = []
+        i32, ptr = ctypes.c_int32, ctypes.c_void_p
+        for name, restype, argtypes in (
+                ("llama_moeslots_cache_swap", ctypes.c_int64, [ptr, i32, i32, i32]),
+                ("llama_moeslots_cache_stage", ctypes.c_int64, [ptr, i32, i32]),
+                ("llama_moeslots_cache_commit", i32, [ptr, i32, i32]),
+                ("llama_moeslots_async_set", None, [ctypes.c_bool]),
+                ("llama_moeslots_async_get", ctypes.c_bool, []),
+                ("llama_moeslots_graph_splits", i32, [ptr])):
+            getattr(L, name).restype = restype
+            getattr(L, name).argtypes = argtypes
     return L
 
 
@@ -96,11 +106,7 @@ def configure(model_ptr: int, n_layer_all: int, plan: SlotPlan, *, pack_host: bo
 
 def swap(model_ptr: int, layer: int, slot: int, expert: int) -> int:
     """Put `expert` into `slot` of `layer` (between decodes); returns the bytes copied."""
-    L = _bind()
-    f = L.llama_moeslots_cache_swap
-    if f.argtypes is None:
-        f.restype = ctypes.c_int64
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    f = _bind().llama_moeslots_cache_swap
     n = int(f(model_ptr, layer, slot, expert))
     if n < 0:
         raise CacheError(f"cannot put expert {expert} into slot {slot} of layer {layer} (code {n})", n)
@@ -150,11 +156,7 @@ def stage(model_ptr: int, layer: int, expert: int) -> int:
     """Copy a non-resident expert into the layer's spare pack entry (packs configured with spare=True). Safe to run
     on another thread while the model's contexts decode; not while the cache is configured, swapped or committed.
     Returns the bytes copied."""
-    L = _bind()
-    f = L.llama_moeslots_cache_stage
-    if f.argtypes is None:
-        f.restype = ctypes.c_int64
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    f = _bind().llama_moeslots_cache_stage
     n = int(f(model_ptr, layer, expert))
     if n < 0:
         raise CacheError(f"cannot stage expert {expert} of layer {layer} (no spare entry, resident already, or a "
@@ -164,14 +166,15 @@ def stage(model_ptr: int, layer: int, expert: int) -> int:
 
 def commit(model_ptr: int, layer: int, slot: int) -> None:
     """Between decodes: the staged expert becomes the resident of `slot` (no copy: the maps move)."""
-    L = _bind()
-    f = L.llama_moeslots_cache_commit
-    if f.argtypes is None:
-        f.restype = ctypes.c_int32
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    f = _bind().llama_moeslots_cache_commit
     rc = int(f(model_ptr, layer, slot))
     if rc != 0:
         raise CacheError(f"nothing staged to commit into slot {slot} of layer {layer} (code {rc})", rc)
+
+
+def graph_splits(ctx_ptr: int) -> int:
+    """Backend runs (splits) of the context's last computed graph; each boundary is a synchronisation."""
+    return int(_bind().llama_moeslots_graph_splits(ctx_ptr))
 
 
 def clear(model_ptr: int) -> None:
@@ -190,21 +193,11 @@ def max_tokens() -> int:
 def set_async(on: bool) -> None:
     """Overlap the host chain with the GPU chain (patch 0008; process-wide, default on). Contexts rebuild their
     graphs at their next decode."""
-    L = _bind()
-    f = L.llama_moeslots_async_set
-    if f.argtypes is None:
-        f.restype = None
-        f.argtypes = [ctypes.c_bool]
-    f(bool(on))
+    _bind().llama_moeslots_async_set(bool(on))
 
 
 def async_enabled() -> bool:
-    L = _bind()
-    f = L.llama_moeslots_async_get
-    if f.argtypes is None:
-        f.restype = ctypes.c_bool
-        f.argtypes = []
-    return bool(f())
+    return bool(_bind().llama_moeslots_async_get())
 
 
 class Stager:

@@ -318,15 +318,10 @@ class Context:
             self.n_past += len(chunk)
 
     def graph_splits(self) -> int:
-        """Backend runs (splits) of the last computed graph; each boundary is a synchronisation (-1: unknown)."""
-        L = native.lib()
-        if not native.hasattr_symbol(L, "llama_moeslots_graph_splits"):
-            return -1
-        f = L.llama_moeslots_graph_splits
-        if f.argtypes is None:
-            f.restype = ctypes.c_int32
-            f.argtypes = [ctypes.c_void_p]
-        return int(f(self.ptr))
+        """Backend runs (splits) of the last computed graph; each boundary is a synchronisation."""
+        from moeslots.engine import cache
+
+        return cache.graph_splits(self.ptr)
 
     def logits(self, i: int = -1) -> np.ndarray:
         p = self._L.llama_get_logits_ith(self.ptr, i)

@@ -115,7 +115,7 @@ def check_f32(tm: GLM4MoE, path: Path, ids: list[int], threads: int) -> dict:
             "mtp_top1_same": bool(d_logits.argmax() == r_mtp.argmax())}
 
 
-def teacher_logits(path: Path, seqs: list[list[int]], threads: int) -> list[np.ndarray]:
+def teacher_top1(path: Path, seqs: list[list[int]], threads: int) -> list[np.ndarray]:
     m = Model(path, LoadOptions())
     out = []
     try:
@@ -131,7 +131,7 @@ def teacher_logits(path: Path, seqs: list[list[int]], threads: int) -> list[np.n
 
 
 def check_quant(f32: Path, q: Path, seqs: list[list[int]], threads: int) -> dict:
-    a, b = teacher_logits(f32, seqs, threads), teacher_logits(q, seqs, threads)
+    a, b = teacher_top1(f32, seqs, threads), teacher_top1(q, seqs, threads)
     agree = np.concatenate([x == y for x, y in zip(a, b)])
     return {"positions": int(agree.size), "top1_agreement": float(agree.mean())}
 

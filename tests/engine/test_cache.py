@@ -204,21 +204,22 @@ def test_fully_resident_layers_build_no_host_chain(tiny_qwen: Path) -> None:
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
         f = m.facts
         with Context(m, n_ctx=64, threads=2) as ctx:
-            stock = _decode_steps(ctx, toks)
+            stock = decode_steps(ctx, toks)
         full, part = f.moe_layers[0], f.moe_layers[1]
         m.set_slots(SlotPlan({full: tuple(range(f.n_expert)), part: (0, 1, 2)}), pack_host=True)
         names = NodeNames(r"^ffn_moe_(ids_host|ids_slots)-\d+$")
         with Context(m, n_ctx=64, threads=2, cb_eval=names.callback) as ctx:
-            got = _decode_steps(ctx, toks)
+            got = decode_steps(ctx, toks)
         assert f"ffn_moe_ids_slots-{full}" in names.seen and f"ffn_moe_ids_host-{full}" not in names.seen
         assert f"ffn_moe_ids_host-{part}" in names.seen
         assert_identical(stock, got, "fully resident layer")
 
 
-def _decode_steps(ctx: Context, toks: list[int]) -> list[np.ndarray]:
-    ctx.decode(toks[:2], prompt=True)
+def decode_steps(ctx: Context, toks: list[int], n_prompt: int = 2) -> list[np.ndarray]:
+    """Logits of a short prompt's last row, then of each following token decoded one at a time."""
+    ctx.decode(toks[:n_prompt], prompt=True)
     out = [ctx.logits().copy()]
-    for t in toks[2:]:
+    for t in toks[n_prompt:]:
         ctx.decode([t])
         out.append(ctx.logits().copy())
     return out

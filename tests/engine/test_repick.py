@@ -13,6 +13,7 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.profiles.plan import elect
+from test_cache import decode_steps
 
 
 def test_elect_rule() -> None:
@@ -28,11 +29,7 @@ def test_swaps_keep_logits_exact_and_move_slabs(tiny_qwen: Path) -> None:
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=128, threads=2) as ctx:
         f = m.facts
         toks = [int(t) for t in np.random.default_rng(5).integers(0, 300, 30)]
-        ctx.decode(toks[:4], prompt=True)
-        stock = [ctx.logits().copy()]
-        for t in toks[4:]:
-            ctx.decode([t])
-            stock.append(ctx.logits().copy())
+        stock = decode_steps(ctx, toks, 4)
         m.set_slots(SlotPlan.uniform(f.moe_layers, 4, f.n_expert), pack_host=True)
         before = cache.pack_bytes(m.ptr)
         ctx.reset()
@@ -127,11 +124,7 @@ def test_stage_on_a_thread_commit_between_decodes(tiny_qwen: Path) -> None:
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
         f = m.facts
         toks = [int(t) for t in np.random.default_rng(9).integers(0, 300, 80)]
-        ctx.decode(toks[:4], prompt=True)
-        stock = [ctx.logits().copy()]
-        for t in toks[4:]:
-            ctx.decode([t])
-            stock.append(ctx.logits().copy())
+        stock = decode_steps(ctx, toks, 4)
 
         m.set_slots(SlotPlan.uniform(f.moe_layers, 3, f.n_expert), pack_host=True)       # no spare entry
         with pytest.raises(cache.CacheError, match="no spare"):
