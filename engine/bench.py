@@ -54,7 +54,7 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
         log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
     """greedy_slots: the slot counts that get the greedy-agreement run (None: all; 0 always runs when any does,
     it is the reference)."""
-    opts = LoadOptions(experts_on_host=True, use_mmap=mmap)
+    opts = LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host)
     m = Model(model_path, opts)
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]       # trunk layers (no MTP context here)
@@ -200,7 +200,8 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
 
     if mtp_head not in ("slots", "host", "gpu"):
         raise ValueError(f"--mtp-head is slots, host or gpu, not {mtp_head!r}")
-    m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True, mtp_head_on_gpu=mtp_head == "gpu"))
+    m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True, mtp_head_on_gpu=mtp_head == "gpu",
+                                          extra_bufts=not pack_host))
     if not m.mtp_loaded:
         m.close()
         raise ValueError(f"{model_path} has no NextN (MTP) block")

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# What the H200 still owes issues 6, 7 and 10, split over calls that fit the 10-minute limit. Each call runs the
+# STEPS it is given, in order, and skips a step whose time budget no longer fits before the deadline (BUDGET s
+# from the start). A warm machine (the call right after another) keeps /tmp/site (the CUDA engine) and the
+# synthetic models, so only the first call pays the ~4-minute CUDA build. Carry .export and .whl.
+#   STEPS="diag async heads" bash scripts/h200/owed.sh        # issue 7 table, issue 6 head placement
+#   STEPS="repick pinned overlap" bash scripts/h200/owed.sh   # issue 10
+# Steps: diag (the bundled model on CUDA, <=4-token batches), async (patch 0008 on/off: decode at 0/32/64/96
+# slots with a 512-token prompt, and with MTP), heads (where the NextN block's experts live: slots/host/gpu,
+# const head), repick (static vs re-pick, pageable uploads, code/chat/uniform), pinned (the same from pinned
+# host memory, code), overlap (patch 0011 copies overlapping decode, pageable and pinned), calib.
+# $OUT: owed.txt (log), bench.tgz (every JSON written so far; repacked after each step).
+set -u
+START=$(date +%s); BUDGET=${BUDGET:-585}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+R=$(pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg
+M="python3 -P -m moeslots"
+G="--arch glm4moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768 --ff 4096 --vocab 151936 --quant q4_k --threads 16 --no-check"
+B=/tmp/bench; mkdir -p $B
+P=$R/profiles/data/moeslots-tiny-glm4moe
+TINY=$R/engine/assets/moeslots-tiny-glm4moe.gguf
+pack() { tar czf "$OUT/bench.tgz" -C $B . ; }
+left() { echo $(( START + BUDGET - $(date +%s) )); }
+# run NAME MAX_S CMD...: with a timeout of min(MAX_S, what is left); skipped when under 20 s is left
+run() {
+  local name=$1 max=$2; shift 2
+  local l; l=$(left); [ "$max" -lt "$l" ] && l=$max
+  if [ "$l" -lt 20 ]; then echo "-- $(date +%T) SKIP $name (no time left)"; return; fi
+  echo "-- $(date +%T) $name (limit ${l}s)"
+  time timeout "$l" "$@"; echo "-- rc $? $name"; pack
+}
+{
+echo "== $(date +%T) machine"; nproc; nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader
+if [ -f /tmp/site/.moeslots-cuda ]; then
+  echo "== warm machine: reusing /tmp/site (CUDA engine), models: $(ls /tmp/*.gguf 2>/dev/null | tr '\n' ' ')"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | grep -v WARN
+  BUILD=""
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+  ( cd /tmp && time $M engine build --cuda --from-source "$R/.export/llama_cpp_python-0.3.36" > $B/build.txt 2>&1; rc=$?
+    echo "build rc $rc" >> $B/build.txt; [ $rc = 0 ] && touch /tmp/site/.moeslots-cuda ) &
+  BUILD=$!
+fi
+S1=""; S2=""
+[ -f /tmp/mtp.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtp.part.gguf $G > $B/synth.txt 2>&1 && mv /tmp/mtp.part.gguf /tmp/mtp.gguf; echo "synth rc $?" >> $B/synth.txt ) & S1=$!; }
+case " $STEPS " in *" heads "*)
+[ -f /tmp/mtpc.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtpc.part.gguf $G --const-head > $B/synth-const.txt 2>&1 && mv /tmp/mtpc.part.gguf /tmp/mtpc.gguf; echo "synth rc $?" >> $B/synth-const.txt ) & S2=$!; } ;;
+esac
+[ -n "$BUILD" ] && { wait $BUILD; tail -4 $B/build.txt; }
+cd /tmp
+$M doctor | head -3
+echo 'What does `json.dumps` do?' > /tmp/q.txt
+for step in $STEPS; do
+echo "== $(date +%T) step $step ($(left) s left)"
+case $step in
+diag)
+  run diagnose 90 python3 -P $R/scripts/h200/diagnose_tiny.py > $B/diagnose.txt 2>&1; cat $B/diagnose.txt | tail -30
+  run mtp-tiny 60 $M bench $TINY --mtp 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-file /tmp/q.txt --json $B/mtp-tiny.json ;;
+async)
+  [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
+  run async-on 100 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --json $B/async-on.json
+  run async-off 100 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-async-cpu --json $B/async-off.json
+  run async-mtp-on 50 $M bench /tmp/mtp.gguf --mtp 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --json $B/async-mtp-on.json
+  run async-mtp-off 50 $M bench /tmp/mtp.gguf --mtp 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --no-async-cpu --json $B/async-mtp-off.json ;;
+heads)
+  [ -n "$S2" ] && { wait $S2; tail -2 $B/synth-const.txt; S2=""; }
+  for H in host gpu slots; do
+    run head-$H 45 $M bench /tmp/mtpc.gguf --mtp 1,3 --slots 64 -n 96 --threads 16 --mtp-head $H --json $B/mtp-const-$H.json
+  done ;;
+calib)
+  [ -n "$S1" ] && { wait $S1; S1=""; }
+  run calibrate 90 $M doctor --calibrate /tmp/mtp.gguf --threads 16; cp /tmp/cfg/moeslots/config.toml $B/calibration.toml ;;
+repick)
+  [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
+  run repick-mmap 240 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 19,32,64 --replay $P-code.csv,$P-chat.csv,uniform -n 256 --threads 16 --json $B/repick-mmap.json ;;
+pinned)
+  run repick-pinned 120 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 19,32,64 --replay $P-code.csv -n 256 --threads 16 --no-mmap --json $B/repick-pinned.json ;;
+overlap)
+  run overlap-mmap 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json
+  run overlap-pinned 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json ;;
+esac
+done
+echo "== $(date +%T) done ($(left) s left)"
+} 2>&1 | tee "$OUT/owed.txt"
