@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence, Union
 import numpy as np
 
 from moeslots.engine import cache as cache_mod
+from moeslots.engine import model as model_mod
 from moeslots.engine import native
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
@@ -37,10 +38,12 @@ class EngineConfig:
     profile: Path | None = None
     mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
-    mtp_head_on_gpu: bool = False                   # the NextN block's experts on the GPU (else host, no slots)
+    mtp_head_on_gpu: bool = True                    # the NextN block's experts on the GPU (else host, no slots):
+                                                    # the fastest placement on the H200 box (docs/benchmarks.md)
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
-    async_cpu: bool = True                          # host chain overlaps the GPU chain (patch 0008; process-wide)
+    async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0008; process-wide;
+                                                    # off by default: no gain on the H200 box, docs/benchmarks.md)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
     repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
     repick_swaps: int = 4                           # at most M swaps per layer per re-pick
@@ -180,6 +183,7 @@ class Engine:
         self._lock = threading.RLock()
         self._busy = threading.Lock()
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
+        model_mod.track(self, model_mod.ENGINE)
         self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host,
                                                   load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
@@ -326,6 +330,8 @@ class Engine:
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
         self._tokens = list(toks)
+        if self.mtp is not None:
+            self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work
         t1 = time.perf_counter()
         st0 = ctx.read_stats()
         b0 = stats_mod.weight_copy_bytes()
@@ -628,6 +634,19 @@ class Engine:
             self._close()
         finally:
             if got:
+                busy.release()
+
+    def close_at_exit(self) -> None:
+        """The interpreter is exiting (engine.model's atexit hook): close unless a reply is still being generated
+        on another thread; then leave the native objects to the OS rather than free them under that thread."""
+        busy = getattr(self, "_busy", None)
+        if busy is not None and not busy.acquire(timeout=2.0):
+            model_mod.untrack(getattr(self, "mtp", None), getattr(self, "ctx", None), getattr(self, "model", None))
+            return
+        try:
+            self._close()
+        finally:
+            if busy is not None:
                 busy.release()
 
     def _close(self) -> None:

@@ -3,10 +3,12 @@ tensor_buft_overrides, cb_eval or MTP contexts). Validation first: bad files giv
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import ctypes
 import dataclasses
 import os
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -20,6 +22,37 @@ if TYPE_CHECKING:
     from moeslots.engine.stats import RoutingStats
 
 GGUF_MAGIC = b"GGUF"
+
+# Native objects still open at interpreter exit are closed by an atexit hook, in dependency order (MTP draft
+# contexts, then contexts, then models), while the interpreter and the GPU runtime are whole. Left to garbage
+# collection at shutdown, a model's close could fail silently (imports no longer work) and leave its expert cache
+# to be freed by a C++ static destructor after the CUDA runtime is gone: a segfault at exit on the H200 box.
+# An engine goes first: it closes its own objects, or, when a reply is still being generated on another thread,
+# leaves them open (untrack), since freeing a context under a running decode would crash where leaking cannot.
+_OPEN: tuple[weakref.WeakSet, ...] = tuple(weakref.WeakSet() for _ in range(4))
+ENGINE, DRAFT, CONTEXT, MODEL = 0, 1, 2, 3
+
+
+def track(obj: Any, rank: int) -> None:
+    """Have obj.close() (or obj.close_at_exit()) called at exit if obj is still open then."""
+    _OPEN[rank].add(obj)
+
+
+def untrack(*objs: Any) -> None:
+    for group in _OPEN:
+        for obj in objs:
+            if obj is not None:
+                group.discard(obj)
+
+
+@atexit.register
+def close_all_open() -> None:
+    for group in _OPEN:
+        for obj in list(group):
+            try:
+                getattr(obj, "close_at_exit", obj.close)()
+            except Exception:  # noqa: BLE001 - best effort at exit; the next group must still be closed
+                pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +161,7 @@ class Model:
         self.mtp_loaded = bool(mp.load_mtp)
         self.n_layer_all = self.facts.n_layer + self.facts.n_nextn
         self.cache_line = "expert cache: off"
+        track(self, MODEL)
 
     def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0, spare: bool = False) -> str:
         """Configure the static expert cache (between generations); returns the engine's load line.
@@ -240,6 +274,7 @@ class Context:
         self.n_past = 0
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self.stats_ring = -1                    # < 0: native routing stats off
+        track(self, CONTEXT)
         self.on_chunk: Callable[[int, int], None] | None = None   # after each llama_decode: (first pos, n)
 
     def enable_stats(self, ring_rows: int = 4096) -> None:

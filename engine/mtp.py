@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from moeslots.engine import model as model_mod
 from moeslots.engine import native
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, Model, default_threads
@@ -80,6 +81,7 @@ class MTP:
         self._batch.token = ctypes.cast(self._tok, ctypes.POINTER(L.llama_token))
         self.stats = MTPStats()
         target.on_chunk = self._after_target_chunk
+        model_mod.track(self, model_mod.DRAFT)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -233,13 +235,19 @@ def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
     return int(rng.choice(p.size, p=p))
 
 
-def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Callable[[int], bool]) -> list[int]:
-    """Greedy generation with MTP drafts: the same tokens as plain greedy decoding of the target."""
+def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Callable[[int], bool],
+                  on_prefilled: Callable[[], None] | None = None) -> list[int]:
+    """Greedy generation with MTP drafts: the same tokens as plain greedy decoding of the target.
+    on_prefilled: called once the prompt is in both KV caches (the target's and the draft's), before the first
+    step, so a caller can time decoding alone."""
     ctx = mtp.target
     ctx.reset()
     mtp.truncate(0)
     ctx.decode(list(prompt), prompt=True)
     history = list(prompt)
+    mtp.feed(history, ctx.n_past)                 # the prompt's draft rows: prompt work, not the first step's
+    if on_prefilled is not None:
+        on_prefilled()
     x = ctx.argmax()
     out: list[int] = []
     while len(out) < n_predict and not is_eog(x) and ctx.n_past + mtp.n_draft + 2 < ctx.n_ctx:

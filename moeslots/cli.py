@@ -183,8 +183,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     native.require_patched()
     from moeslots.engine import cache as cache_mod
 
-    cache_mod.set_async(not a.no_async_cpu)
-    print(f"host chain overlaps the GPU chain: {'yes' if cache_mod.async_enabled() else 'no (--no-async-cpu)'}",
+    cache_mod.set_async(a.async_cpu and not a.no_async_cpu)
+    print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if cache_mod.async_enabled() else 'no'}",
           file=sys.stderr)
     try:
         slots = [int(x) for x in a.slots.split(",") if x.strip()]
@@ -396,7 +396,7 @@ def _parse_repick(v: str | None) -> tuple[int, int]:
 
 
 def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
-                 ctx: int, repick: str | None = None, async_cpu: bool = True) -> "object":
+                 ctx: int, repick: str | None = None, async_cpu: bool = False) -> "object":
     from moeslots.engine import native
     from moeslots.engine.engine import Engine, EngineConfig
 
@@ -459,7 +459,8 @@ def cmd_chat(a: argparse.Namespace) -> int:
     slots = a.slots or (str(app_cfg["slots"]) if same_model and "slots" in app_cfg else None)
     mtp = not a.no_mtp and bool(app_cfg.get("mtp", True))
     eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx,
-                       getattr(a, "repick", None), not getattr(a, "no_async_cpu", False))
+                       getattr(a, "repick", None),
+                       getattr(a, "async_cpu", False) and not getattr(a, "no_async_cpu", False))
     return _run_app(eng, Path(a.model).name)
 
 
@@ -564,15 +565,18 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--greedy-tokens", type=int, default=256)
     bn.add_argument("--greedy-slots", metavar="S1,S2", help="only these slot counts get the greedy-agreement run "
                     "(default: all; 0 is the reference)")
-    bn.add_argument("--no-async-cpu", action="store_true", help="host chain after the GPU chain (no overlap)")
+    bn.add_argument("--async-cpu", action="store_true", help="host chain overlapping the GPU chain (patch 0008; "
+                    "off by default: no gain measured on the H200 box)")
+    bn.add_argument("--no-async-cpu", action="store_true", help="host chain after the GPU chain (the default)")
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
     bn.add_argument("--mtp", metavar="D1,D2", help="instead: greedy tok/s with and without MTP at these draft lengths")
     bn.add_argument("--repick", metavar="N1,N2", help="instead: static (0) vs re-pick every N tokens under each "
                     "--replay routing (comma-separated traces and/or 'uniform'), with the simulator's prediction")
-    bn.add_argument("--mtp-head", default="slots", choices=["slots", "host", "gpu"],
-                    help="--mtp: the NextN block's experts in the plan (slots), in host memory, or on the GPU")
+    bn.add_argument("--mtp-head", default="gpu", choices=["slots", "host", "gpu"],
+                    help="--mtp: the NextN block's experts on the GPU (default, as the app), in the plan (slots), or "
+                    "in host memory")
     bn.add_argument("--prompt-file", help="--mtp: a user turn (chat template) instead of random prompt tokens")
     bn.add_argument("--profile-rows", type=int, default=1024, help="--repick: trace rows that make the static plan")
     bn.add_argument("--max-swaps", type=int, default=4, help="--repick: at most M swaps per layer per re-pick")
@@ -626,8 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
     c.add_argument("--slots", help="slots per layer, or 'auto' (default: auto with a profile, else 0)")
     c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
-    c.add_argument("--no-async-cpu", action="store_true", help="run the host-memory experts after the GPU's, not "
-                   "while the GPU works (for comparison)")
+    c.add_argument("--async-cpu", action="store_true", help="run the host-memory experts while the GPU computes "
+                   "the resident ones (off by default: two more splits per layer cost what the overlap hides)")
+    c.add_argument("--no-async-cpu", action="store_true", help="the host-memory experts after the GPU's (the default)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "

@@ -277,7 +277,7 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     ms, n, hr, up = best
     if n == 0:
         why = (f"static: {100 * hr:.0f} % hits at {slots} slots, est. {ms:.2f} ms/token; re-picking would not pay "
-               f"back its uploads at {cost.pcie_gbps:g} GB/s PCIe vs {cost.cpu_gbps:g} GB/s CPU")
+               f"back its uploads at {cost.pcie_gbps:.1f} GB/s PCIe vs {cost.cpu_gbps:.1f} GB/s CPU")
     else:
         why = (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
                f"{up * cost.slab_mb:.1f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static")

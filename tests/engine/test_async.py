@@ -20,7 +20,7 @@ from test_cache import NodeNames
 @pytest.fixture(autouse=True)
 def _restore() -> None:
     yield
-    cache.set_async(True)
+    cache.set_async(False)        # the default (patch 0014)
 
 
 def _plan(m: Model, s: int) -> SlotPlan:
@@ -68,3 +68,16 @@ def test_ten_thousand_steps_switching(tiny_qwen: Path) -> None:
                 finals.append((digest, ctx.logits().copy()))
     assert finals[0][0] == finals[1][0] and np.array_equal(finals[0][1], finals[1][1])
     assert set(threading.enumerate()) == before
+
+
+def test_overlap_is_off_by_default() -> None:
+    """Patch 0014 and EngineConfig: the H200 numbers showed no gain (docs/benchmarks.md), so it is opt-in."""
+    import subprocess
+    import sys
+
+    from moeslots.engine.engine import EngineConfig
+
+    r = subprocess.run([sys.executable, "-c", "from moeslots.engine import cache; print(cache.async_enabled())"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr[-1000:]
+    assert EngineConfig(model=Path("x.gguf")).async_cpu is False
