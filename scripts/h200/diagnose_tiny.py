@@ -78,11 +78,17 @@ def run(s):
         ctx.decode([t]); out.append(ctx.logits().copy())     # 1-token steps: the cache path
     return np.array(out)
 ref = run(0)
-for s in (16, 32, 64):
-    got = run(s)
+def report(name, got):
     rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
-    print(f"slots {s}: teacher-forced over {len(ref)} steps: max rel logit diff {rel.max():.2e}, "
+    print(f"{name}: teacher-forced over {len(ref)} steps: max rel logit diff {rel.max():.2e}, "
           f"top-1 agreement {(got.argmax(1) == ref.argmax(1)).mean():.3f}", flush=True)
+for s in (16, 32, 64):
+    report(f"slots {s}", run(s))
+# the yardstick: stock llama.cpp with every expert on the GPU vs stock with experts in host memory (0 slots)
+ctx.close(); m.close()
+m = Model(bundled.model(), LoadOptions(experts_on_host=False))
+ctx = Context(m, n_ctx=512, threads=16)
+report("stock all-GPU vs stock host experts", run(0))
 """
 
 

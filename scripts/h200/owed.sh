@@ -5,6 +5,8 @@
 # synthetic models, so only the first call pays the ~4-minute CUDA build. Carry .export and .whl.
 #   STEPS="diag async heads" bash scripts/h200/owed.sh        # issue 7 table, issue 6 head placement
 #   STEPS="repick pinned overlap" bash scripts/h200/owed.sh   # issue 10
+# Still owed after 2026-12-03: STEPS="diag calib pinned heads" (the slots-vs-stock logit yardstick, re-pick with
+# pinned uploads under chat/uniform routing, MTP heads with the fixed decode-only clock).
 # Steps: diag (the bundled model on CUDA, <=4-token batches), async (patch 0008 on/off: decode at 0/32/64/96
 # slots with a 512-token prompt, and with MTP), heads (where the NextN block's experts live: slots/host/gpu,
 # const head), repick (static vs re-pick, pageable uploads, code/chat/uniform), pinned (the same from pinned
@@ -75,8 +77,8 @@ calib)
 repick)
   [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
   run repick-mmap 240 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 19,32,64 --replay $P-code.csv,$P-chat.csv,uniform -n 256 --threads 16 --json $B/repick-mmap.json ;;
-pinned)
-  run repick-pinned 120 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 19,32,64 --replay $P-code.csv -n 256 --threads 16 --no-mmap --json $B/repick-pinned.json ;;
+pinned)   # code was measured 2026-12-03; chat at 64 pinned is the simulator's one predicted re-pick win
+  run repick-pinned 200 $M bench /tmp/mtp.gguf --repick 0,16,100,500 --slots 32,64 --replay $P-chat.csv,uniform -n 256 --threads 16 --no-mmap --json $B/repick-pinned.json ;;
 overlap)
   run overlap-mmap 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json
   run overlap-pinned 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json ;;
