@@ -50,7 +50,10 @@ S1=""; S2=""
 case " $STEPS " in *" heads "*)
 [ -f /tmp/mtpc.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtpc.part.gguf $G --const-head > $B/synth-const.txt 2>&1 && mv /tmp/mtpc.part.gguf /tmp/mtpc.gguf; echo "synth rc $?" >> $B/synth-const.txt ) & S2=$!; } ;;
 esac
-[ -n "$BUILD" ] && { wait $BUILD; tail -4 $B/build.txt; }
+[ -n "$BUILD" ] && { wait $BUILD; tail -4 $B/build.txt
+  # the wheel comes back for a later session's .wheel/ (no 4-minute build) when it fits the carry limit with the tree
+  W=$(ls -S ~/.cache/moeslots/wheels/*/*.whl 2>/dev/null | head -1); [ -n "$W" ] && ls -la "$W"
+  if [ -n "$W" ] && [ "$(stat -c %s "$W")" -lt 30000000 ]; then split -b 15m "$W" "$OUT/wheel.part-"; basename "$W" > "$OUT/wheel.name"; fi; }
 cd /tmp
 $M doctor | head -3
 echo 'What does `json.dumps` do?' > /tmp/q.txt
