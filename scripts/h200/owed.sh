@@ -38,6 +38,11 @@ if [ -f /tmp/site/.moeslots-cuda ]; then
   echo "== warm machine: reusing /tmp/site (CUDA engine), models: $(ls /tmp/*.gguf 2>/dev/null | tr '\n' ' ')"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | grep -v WARN
   BUILD=""
+elif ls .wheel/*.whl >/dev/null 2>&1; then
+  echo "== installing the carried CUDA engine wheel (.wheel/; cat wheel.part-* > its wheel.name to make it)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .wheel/*.whl 2>&1 | grep -v WARN
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+  touch /tmp/site/.moeslots-cuda; BUILD=""
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
