@@ -364,6 +364,18 @@ def install_wheel(wheel: Path, key: str) -> None:
     marker_path().write_text(json.dumps({"key": key, "wheel": str(wheel), "time": time.time()}))
 
 
+def _installed_patch_id() -> str | None:
+    """The patch id compiled into the installed engine (None: stock, or it does not load), read in a child process
+    so this one never maps a library it may be about to replace."""
+    code = "from moeslots.engine import native; print(native.engine_patch_id())"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = r.stdout.strip().splitlines()
+    return out[-1] if r.returncode == 0 and out and out[-1] != "None" else None
+
+
 def _importable(mod: str) -> bool:
     import importlib.util
 
@@ -443,7 +455,8 @@ def _ensure_engine_locked(flags: BuildFlags, force: bool, from_source: Path | No
     key = build_key(SDIST_SHA256, patch_id, flags)
     wheel_dir = cache / "wheels" / key
     cached = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
-    if not force and installed_key() == key and cached and _importable("llama_cpp"):
+    if not force and installed_key() == key and cached and _importable("llama_cpp") \
+            and _installed_patch_id() == patch_id:     # the marker alone misses a pip install over the engine
         return BuildResult(key, cached[-1], "up-to-date", time.perf_counter() - t0)
     if cached and not force:
         log(f"installing cached engine wheel {key}")

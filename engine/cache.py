@@ -125,12 +125,13 @@ def elect_swaps(plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps:
     if not len(ring) or not plan.layers:
         return {}
     recent = ring[ring[:, 0] > int(ring[:, 0].max()) - window]
-    out = {}
-    for il, slots in plan.layers.items():
-        rows = recent[recent[:, 1] == il][:, 2:]
-        scores = np.bincount(rows.ravel(), minlength=n_expert).astype(np.float64)
-        out[il] = elect(scores, slots, max_swaps, margin)
-    return out
+    ids = recent[:, 2:]
+    ok = (ids >= 0) & (ids < n_expert)
+    layer = np.broadcast_to(recent[:, 1:2], ids.shape)
+    n_layer = int(max(max(plan.layers), int(recent[:, 1].max()))) + 1
+    counts = np.bincount((layer[ok] * n_expert + ids[ok]).astype(np.int64),
+                         minlength=n_layer * n_expert).reshape(n_layer, n_expert).astype(np.float64)
+    return {il: elect(counts[il], slots, max_swaps, margin) for il, slots in plan.layers.items()}
 
 
 def repick(model_ptr: int, plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps: int, window: int,

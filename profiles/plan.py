@@ -43,15 +43,19 @@ def elect(scores: np.ndarray, resident: Sequence[int], max_swaps: int, margin: f
     non-resident experts replace the weakest residents while the candidate's score beats the incumbent's by more
     than `margin` (relative; hysteresis), at most `max_swaps` times. Ties: lower ids win candidacy, higher-scored
     then lower-id incumbents stay. Returns (slot, new expert) pairs."""
-    res = list(resident)
-    if not res or max_swaps <= 0:
+    res = np.asarray(list(resident), np.int64)
+    if not res.size or max_swaps <= 0:
         return []
-    in_set = set(res)
-    cands = [e for e in np.lexsort((np.arange(scores.size), -scores)).tolist() if e not in in_set]
-    order = sorted(range(len(res)), key=lambda s: (scores[res[s]], -res[s]))      # weakest slot first
+    out = np.ones(scores.size, bool)
+    out[res] = False
+    if not out.any() or not scores[out].max() > scores[res].min() * (1.0 + margin):
+        return []               # the best candidate cannot beat the weakest resident: the common case, cheaply
+    by_score = np.lexsort((np.arange(scores.size), -scores))                 # best first, lower id on ties
+    cands = by_score[out[by_score]][:max_swaps]
+    weakest = np.lexsort((-res, scores[res]))[:max_swaps]                    # weakest slot first, higher id first
     swaps: list[tuple[int, int]] = []
-    for cand, slot in zip(cands, order):
-        if len(swaps) >= max_swaps or not scores[cand] > scores[res[slot]] * (1.0 + margin):
+    for cand, slot in zip(cands.tolist(), weakest.tolist()):
+        if not scores[cand] > scores[res[slot]] * (1.0 + margin):
             break
-        swaps.append((slot, int(cand)))
+        swaps.append((slot, cand))
     return swaps

@@ -156,3 +156,11 @@ def test_rebuild_with_nothing_changed_takes_seconds() -> None:
     assert r.returncode == 0, r.stderr
     assert "engine up to date" in r.stderr
     assert dt < 15, f"no-op rebuild took {dt:.1f} s"
+
+
+def test_the_up_to_date_check_reads_the_installed_engine() -> None:
+    """`engine build` trusts its install marker only when the installed library carries this checkout's patch id
+    (a pip install over the engine leaves the marker behind)."""
+    from moeslots.engine import build, native
+
+    assert build._installed_patch_id() == native.expected_patch_id()

@@ -171,3 +171,37 @@ def test_close_and_reconfigure_with_copies_in_flight(tiny_glm: Path) -> None:
     finally:
         e.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("moeslots-stage")]
+
+
+def test_swaps_and_commits_keep_the_graph_and_the_stats_follow_them(tiny_qwen: Path) -> None:
+    """Patch 0015: graphs read both maps when they run, so a swap or a commit between decodes reuses the graph (no
+    rebuild per re-pick), and the stats count each decode's hits against the residents of that moment."""
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        f, L = m.facts, m._L
+        m.set_slots(SlotPlan.uniform(f.moe_layers, 4, f.n_expert), pack_host=True, spare=True)
+        resident = {il: list(range(4)) for il in f.moe_layers}
+        ctx.enable_stats(ring_rows=4096)
+        toks = [int(t) for t in np.random.default_rng(9).integers(0, 300, 20)]
+        ctx.decode(toks[:4], prompt=True)
+        ctx.decode([toks[4]])
+        rng = np.random.default_rng(2)
+        for i, t in enumerate(toks[5:]):
+            il = f.moe_layers[i % len(f.moe_layers)]
+            e = int(rng.choice([x for x in range(f.n_expert) if x not in resident[il]]))
+            slot = i % 4
+            if i % 2:
+                cache.swap(m.ptr, il, slot, e)
+            else:
+                cache.stage(m.ptr, il, e)
+                cache.commit(m.ptr, il, slot)
+            resident[il][slot] = e
+            before, reused = ctx.read_stats(), L.llama_perf_context(ctx.ptr).n_reused
+            ctx.decode([t])
+            after = ctx.read_stats()
+            assert L.llama_perf_context(ctx.ptr).n_reused == reused + 1, f"graph rebuilt after step {i}"
+            rows = after.ring[-len(f.moe_layers):]                       # this decode: one row per MoE layer
+            for row in rows:
+                lay, ids = int(row[1]), row[2:]
+                hits = sum(int(x) in resident[lay] for x in ids)
+                assert int(after.hits[lay] - before.hits[lay]) == hits
+                assert int(after.misses[lay] - before.misses[lay]) == len(ids) - hits

@@ -186,3 +186,32 @@ def test_union_of_experts_per_batch() -> None:
     t = from_rows([(0, 1, [0, 1]), (1, 1, [1, 2]), (2, 1, [1, 3]), (3, 1, [1, 0])], {"n_expert": "8"}, k=2)
     assert distinct_per_batch(t, 0, max_batch=2) == {1: 2.0, 2: 3.0}       # {0,1,2} and {0,1,3}
     assert distinct_per_batch(t, 1, max_batch=2) == {1: 1.0, 2: 2.0}       # expert 1 resident
+
+
+def _elect_reference(scores, resident, max_swaps, margin):  # noqa: ANN001, ANN202 - the rule, spelled out slowly
+    res = list(resident)
+    if not res or max_swaps <= 0:
+        return []
+    cands = [e for e in sorted(range(scores.size), key=lambda e: (-scores[e], e)) if e not in set(res)]
+    order = sorted(range(len(res)), key=lambda s: (scores[res[s]], -res[s]))
+    swaps = []
+    for cand, slot in zip(cands, order):
+        if len(swaps) >= max_swaps or not scores[cand] > scores[res[slot]] * (1.0 + margin):
+            break
+        swaps.append((slot, cand))
+    return swaps
+
+
+def test_elect_matches_the_rule_spelled_out_on_random_scores_with_ties() -> None:
+    import numpy as np
+
+    from moeslots.profiles.plan import elect
+
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        n = int(rng.integers(2, 40))
+        scores = rng.integers(0, 6, n).astype(np.float64)          # few values: many ties
+        s = int(rng.integers(1, n))
+        resident = [int(x) for x in rng.permutation(n)[:s]]
+        m, margin = int(rng.integers(0, 6)), float(rng.choice([0.0, 0.25, 1.0]))
+        assert elect(scores, resident, m, margin) == _elect_reference(scores, resident, m, margin)
