@@ -190,3 +190,27 @@ def test_close_waits_for_a_cancelled_reply(tiny_glm: Path) -> None:
     e.close()                       # must not free the model under the worker
     t.join(timeout=10)
     assert not t.is_alive() and isinstance(seen[-1], Done) and seen[-1].stats.cancelled
+
+
+def test_no_mmap_loads_into_host_memory_and_chats_the_same(tiny_glm: Path) -> None:
+    """`chat --no-mmap` ([app] mmap = false): experts read into (pinned, on a GPU build) host memory — faster
+    prompts — with the same text."""
+    msgs = [Message("user", "hello experts")]
+    texts = []
+    for mmap in (True, False):
+        e = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=24, mmap=mmap,
+                                slots=0))
+        try:
+            assert e.model.opts.use_mmap is mmap
+            texts.append(_reply(e, msgs)[0])
+        finally:
+            e.close()
+    assert texts[0] == texts[1]
+
+
+def test_chat_no_mmap_flag_and_config() -> None:
+    from moeslots.cli import build_parser
+
+    a = build_parser().parse_args(["chat", "m.gguf", "--no-mmap"])
+    assert a.no_mmap is True
+    assert build_parser().parse_args(["chat", "m.gguf"]).no_mmap is False
