@@ -6,15 +6,7 @@
 # where the NextN block's experts should live; ASYNC=1 measures patch 0008 (issue 7) on vs off.
 # $OUT: mtp-repick.txt (log), bench.tgz (JSON + calibration), wheel.part-* (the built CUDA wheel, for reuse).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-R=$(pwd)
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg
-M="python3 -P -m moeslots"
-G="--arch glm4moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768 --ff 4096 --vocab 151936 --quant q4_k --threads 16 --no-check"
-B=/tmp/bench; mkdir -p $B
-P=$R/profiles/data/moeslots-tiny-glm4moe
-TINY=$R/engine/assets/moeslots-tiny-glm4moe.gguf
-pack() { tar czf "$OUT/bench.tgz" -C $B . ; }
+. "$(dirname "$0")/common.sh"
 {
 echo "== $(date +%T) machine"; nproc; nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
@@ -49,9 +41,9 @@ fi
 if [ "${ASYNC:-0}" = 1 ]; then
 wait $S1; tail -2 $B/synth.txt
 echo "== $(date +%T) issue 7: host chain overlapping the GPU chain, on vs off (decode; prompt 512 must not drop)"
-timeout 90 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --json $B/async-on.json; pack
+timeout 90 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --async-cpu --json $B/async-on.json; pack
 timeout 90 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-async-cpu --json $B/async-off.json; pack
-timeout 60 $M bench /tmp/mtp.gguf --mtp 1 --slots 32,64 -n 64 --threads 16 --mtp-head gpu --json $B/async-mtp-on.json; pack
+timeout 60 $M bench /tmp/mtp.gguf --mtp 1 --slots 32,64 -n 64 --threads 16 --mtp-head gpu --async-cpu --json $B/async-mtp-on.json; pack
 timeout 60 $M bench /tmp/mtp.gguf --mtp 1 --slots 32,64 -n 64 --threads 16 --mtp-head gpu --no-async-cpu --json $B/async-mtp-off.json; pack
 fi
 if [ "${MTP:-1}" = 1 ]; then

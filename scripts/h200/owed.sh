@@ -14,15 +14,7 @@
 # $OUT: owed.txt (log), bench.tgz (every JSON written so far; repacked after each step).
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-585}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-R=$(pwd)
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg
-M="python3 -P -m moeslots"
-G="--arch glm4moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768 --ff 4096 --vocab 151936 --quant q4_k --threads 16 --no-check"
-B=/tmp/bench; mkdir -p $B
-P=$R/profiles/data/moeslots-tiny-glm4moe
-TINY=$R/engine/assets/moeslots-tiny-glm4moe.gguf
-pack() { tar czf "$OUT/bench.tgz" -C $B . ; }
+. "$(dirname "$0")/common.sh"
 left() { echo $(( START + BUDGET - $(date +%s) )); }
 # run NAME MAX_S CMD...: with a timeout of min(MAX_S, what is left); skipped when under 20 s is left
 run() {
@@ -70,9 +62,9 @@ diag)
   run mtp-tiny 60 $M bench $TINY --mtp 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-file /tmp/q.txt --json $B/mtp-tiny.json ;;
 async)
   [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
-  run async-on 100 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --json $B/async-on.json
+  run async-on 100 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --async-cpu --json $B/async-on.json
   run async-off 100 $M bench /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --greedy-prompts 0 --no-async-cpu --json $B/async-off.json
-  run async-mtp-on 50 $M bench /tmp/mtp.gguf --mtp 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --json $B/async-mtp-on.json
+  run async-mtp-on 50 $M bench /tmp/mtp.gguf --mtp 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --async-cpu --json $B/async-mtp-on.json
   run async-mtp-off 50 $M bench /tmp/mtp.gguf --mtp 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --no-async-cpu --json $B/async-mtp-off.json ;;
 heads)
   [ -n "$S2" ] && { wait $S2; tail -2 $B/synth-const.txt; S2=""; }

@@ -1,0 +1,11 @@
+# Sourced by the H200 scripts (owed.sh, mtp-repick.sh) from the repository root: where results go, how moeslots
+# runs there, the realistic-shape synthetic model's flags, the bundled model and its traces.
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+R=$(pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg
+M="python3 -P -m moeslots"
+G="--arch glm4moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768 --ff 4096 --vocab 151936 --quant q4_k --threads 16 --no-check"
+B=/tmp/bench; mkdir -p $B
+P=$R/profiles/data/moeslots-tiny-glm4moe
+TINY=$R/engine/assets/moeslots-tiny-glm4moe.gguf
+pack() { tar czf "$OUT/bench.tgz" -C $B . ; }
