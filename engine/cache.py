@@ -192,8 +192,8 @@ def max_tokens() -> int:
 
 
 def set_async(on: bool) -> None:
-    """Overlap the host chain with the GPU chain (patch 0008; process-wide, default off since patch 0014). Contexts rebuild their
-    graphs at their next decode."""
+    """Overlap the host chain with the GPU chain (patch 0008; process-wide, default off since patch 0014).
+    Contexts rebuild their graphs at their next decode."""
     _bind().llama_moeslots_async_set(bool(on))
 
 

@@ -183,7 +183,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     native.require_patched()
     from moeslots.engine import cache as cache_mod
 
-    cache_mod.set_async(a.async_cpu and not a.no_async_cpu)
+    cache_mod.set_async(a.async_cpu)
     print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if cache_mod.async_enabled() else 'no'}",
           file=sys.stderr)
     try:
@@ -462,7 +462,7 @@ def cmd_chat(a: argparse.Namespace) -> int:
     mmap = not getattr(a, "no_mmap", False) and bool(app_cfg.get("mmap", True))
     eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx,
                        getattr(a, "repick", None),
-                       getattr(a, "async_cpu", False) and not getattr(a, "no_async_cpu", False), mmap)
+                       getattr(a, "async_cpu", False), mmap)
     return _run_app(eng, Path(a.model).name)
 
 
@@ -567,9 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--greedy-tokens", type=int, default=256)
     bn.add_argument("--greedy-slots", metavar="S1,S2", help="only these slot counts get the greedy-agreement run "
                     "(default: all; 0 is the reference)")
-    bn.add_argument("--async-cpu", action="store_true", help="host chain overlapping the GPU chain (patch 0008; "
-                    "off by default: no gain measured on the H200 box)")
-    bn.add_argument("--no-async-cpu", action="store_true", help="host chain after the GPU chain (the default)")
+    bn.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
+                    help="host chain overlapping the GPU chain (patch 0008; off by default: no gain measured on the "
+                    "H200 box)")
     bn.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
     bn.add_argument("--replay", metavar="TRACE|uniform",
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
@@ -632,9 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
     c.add_argument("--slots", help="slots per layer, or 'auto' (default: auto with a profile, else 0)")
     c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
-    c.add_argument("--async-cpu", action="store_true", help="run the host-memory experts while the GPU computes "
-                   "the resident ones (off by default: two more splits per layer cost what the overlap hides)")
-    c.add_argument("--no-async-cpu", action="store_true", help="the host-memory experts after the GPU's (the default)")
+    c.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the host-memory experts while the GPU computes the resident ones (off by default: two "
+                   "more splits per layer cost what the overlap hides)")
     c.add_argument("--no-mmap", action="store_true", help="read the experts into pinned host memory instead of "
                    "mapping the file: prompts ~5x faster (H200 box), but the model's expert bytes stay in RAM "
                    "(config: [app] mmap = false)")
