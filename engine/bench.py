@@ -371,7 +371,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                     st = ctx.read_stats()
                     sched = stats_mod.weight_copy_bytes() - b0
                     if every:
-                        shr, sup = _reelect(P, s, f.n_expert, every, max(window, every), initial,
+                        shr, sup = _reelect(P, s, f.n_expert, every, window, initial,
                                             max_swaps=max_swaps, margin=margin)
                     else:
                         shr, sup = _static(P, initial)[0], 0.0

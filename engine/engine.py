@@ -257,10 +257,14 @@ class Engine:
 
         slab_mb = self.model.facts.slab_bytes / 1e6 or CostModel.slab_mb
         cal = calibrate.load()
-        if cal is None:
-            return (CostModel(slab_mb=slab_mb),
-                    "default costs (H200 box): run `moeslots doctor --calibrate MODEL` for this machine's")
         pinned = not self.model.opts.use_mmap
+        if cal is None:
+            # the H200 box's uploads as measured by two calibrations on 2026-12-03 (docs/benchmarks.md): pinned
+            # 25.6-26.8 GB/s, pageable (mmap) 5.3-6.7 GB/s; the lower of each, so an uncalibrated guess errs static
+            pcie = 25.6 if pinned else 5.3
+            return (CostModel(slab_mb=slab_mb, pcie_gbps=pcie),
+                    f"default costs (H200 box, {'pinned' if pinned else 'pageable (mmap)'} uploads at {pcie} GB/s): "
+                    "run `moeslots doctor --calibrate MODEL` for this machine's")
         cost = cal.cost_model(slab_mb, pinned=pinned)
         return cost, (f"costs calibrated on this machine {cal.date}, "
                       f"{'pinned' if pinned else 'pageable (mmap)'} uploads at {cost.pcie_gbps:.1f} GB/s")

@@ -254,15 +254,25 @@ REPICK_CHOICES = (0, 1, 16, 100, 500)
 
 
 def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
-                  margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES) -> tuple[int, str]:
-    """The re-pick interval (0 = static) with the lowest estimated ms/token on this trace under this cost model,
-    simulated with the engine's rule (plan.elect, at most `max_swaps` per layer, `margin`). Deterministic for a
-    given trace, slots and cost. Returns (N, one line saying why)."""
+                  margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
+                  holdout: float = 0.5) -> tuple[int, str]:
+    """The re-pick interval (0 = static) with the lowest estimated ms/token under this cost model, simulated with
+    the engine's rule (plan.elect, at most `max_swaps` per layer, `margin`). The static plan comes from the first
+    part of the trace and every policy is scored on the last `holdout` of it: in the app the plan comes from a
+    profile recorded earlier and the text decoded later drifts away from it, and scoring in-sample would hide that
+    drift (the static plan would be the best static set for the very tokens scored). Traces too short to split
+    (under 128 tokens per part) are scored in-sample. Deterministic for a given trace, slots and cost. Returns
+    (N, one line saying why)."""
     cost = cost or CostModel()
     layers, P = token_matrix(trace)
     n_expert = max(trace.n_expert, int(P.max()) + 1)
     T, L, k = P.shape
-    counts = from_trace(trace, max(layers) + 1, n_expert).counts
+    cut = int(round(T * (1 - holdout)))
+    split = 0 < holdout < 1 and min(cut, T - cut) >= 128
+    train, P = (P[:cut], P[cut:]) if split else (P, P)
+    counts = np.zeros((max(layers) + 1, n_expert), np.int64)
+    for j, il in enumerate(layers):
+        counts[il] = np.bincount(train[:, j].ravel(), minlength=n_expert)
     initial = _resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert)
     results = []
     for n in choices:
@@ -275,10 +285,13 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     best = min(results, key=lambda r: (r[0], r[1]))
     static = next(r for r in results if r[1] == 0)
     ms, n, hr, up = best
+    scored = (f"plan from the profile's first {cut} tokens, scored on its last {T - cut}" if split
+              else f"profile of {T} tokens scored in-sample")
     if n == 0:
         why = (f"static: {100 * hr:.0f} % hits at {slots} slots, est. {ms:.2f} ms/token; re-picking would not pay "
-               f"back its uploads at {cost.pcie_gbps:.1f} GB/s PCIe vs {cost.cpu_gbps:.1f} GB/s CPU")
+               f"back its uploads at {cost.pcie_gbps:.1f} GB/s PCIe vs {cost.cpu_gbps:.1f} GB/s CPU ({scored})")
     else:
         why = (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
-               f"{up * cost.slab_mb:.1f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static")
+               f"{up * cost.slab_mb:.1f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static "
+               f"({scored})")
     return n, why

@@ -49,7 +49,7 @@ def main() -> None:
             init = _resident_from_plan(plan_from_counts(counts, s, moe), moe, E)
             cells = []
             for every in (int(x) for x in a.every.split(",")):
-                hr, up = (_reelect(P, s, E, every, max(64, every), init, max_swaps=4, margin=0.25) if every
+                hr, up = (_reelect(P, s, E, every, 64, init, max_swaps=4, margin=0.25) if every
                           else (_static(P, init)[0], 0.0))
                 cpu = (1 - hr) * len(moe) * k
                 cells.append(f"{100 * hr:.1f} % / {up * cost.slab_mb:.1f} / "

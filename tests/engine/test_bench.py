@@ -37,10 +37,12 @@ def test_repick_bench_overlapped_copies() -> None:
 def test_repick_bench_matches_the_simulator() -> None:
     from moeslots.engine import bundled
 
-    rows, info = bench.run_repick(bundled.model(), [8], [0, 4], [str(bundled.profile("code")), "uniform"],
-                                  n_decode=24, profile_rows=256, threads=2, pack_host=True, log=lambda m: None)
-    assert [(r.routing, r.every) for r in rows] == [("moeslots-tiny-glm4moe-code", 0),
-                                                   ("moeslots-tiny-glm4moe-code", 4), ("uniform", 0), ("uniform", 4)]
+    # an interval longer than the window too: the engine elects from the last `window` tokens, so must the sim
+    rows, info = bench.run_repick(bundled.model(), [8], [0, 4, 12], [str(bundled.profile("code")), "uniform"],
+                                  n_decode=36, profile_rows=256, threads=2, pack_host=True, window=6,
+                                  log=lambda m: None)
+    assert [(r.routing, r.every) for r in rows] == [("moeslots-tiny-glm4moe-code", n) for n in (0, 4, 12)] + [
+        ("uniform", n) for n in (0, 4, 12)]
     for r in rows:
         assert r.hit_rate == pytest.approx(r.sim_hit_rate, abs=1e-9)      # same rows, same election rule
         assert r.scheduler_mb_per_token == 0.0

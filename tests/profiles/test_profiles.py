@@ -170,6 +170,22 @@ def test_choose_repick_is_deterministic_and_follows_the_costs() -> None:
     assert n2 == 0 and why2.startswith("static")                 # uploads too dear: stay static
 
 
+def test_choose_repick_scores_the_plan_on_later_tokens() -> None:
+    """The plan comes from the profile's first half and is scored on its second (the app decodes text recorded
+    after its profile): a hot set that moves half-way is a drift in-sample scoring cannot see."""
+    from moeslots.profiles.simulate import choose_repick
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    drift = _trace([[0, 1]] * 300 + [[2, 3]] * 300, meta=meta)
+    bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=0.0)
+    n, why = choose_repick(drift, 2, bus)
+    assert n > 0 and "(static 0 %)" in why and "first 300 tokens, scored on its last 300" in why
+    n_in, why_in = choose_repick(drift, 2, bus, holdout=0.0)
+    assert "in-sample" in why_in and "(static 50 %)" in why_in
+    short = _trace([[0, 1]] * 100 + [[2, 3]] * 100, meta=meta)
+    assert "scored in-sample" in choose_repick(short, 2, bus)[1]          # too short to split
+
+
 def test_skew_ignores_layers_that_do_not_route() -> None:
     from moeslots.profiles.profile import Profile, skew
 
