@@ -1,0 +1,49 @@
+"""Markdown table from `moeslots bench --repick ... --json` files: one row per (routing, slots, policy), one column
+per run, each cell "tok/s (mean ms/token / the simulator's ms/token)". The simulator's ms/token is recomputed from
+the row's simulated hits and uploads with the calibration given (pinned or pageable rate per run, as the run
+loaded the model), so runs made before the calibration compare on the same costs.
+
+    python scripts/repick_table.py CONFIG.toml NAME=RUN.json [NAME=RUN.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+
+from moeslots.engine.calibrate import Calibration
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", type=Path, help="a config.toml holding a [calibration.\"...\"] table")
+    ap.add_argument("runs", nargs="+", help="column name = bench JSON")
+    a = ap.parse_args()
+    cal = Calibration(**next(iter(tomllib.loads(a.config.read_text())["calibration"].values())))
+    names, cells, facts = [], {}, {}
+    for spec in a.runs:
+        name, _, path = spec.partition("=")
+        d = json.loads(Path(path).read_text())
+        cost = cal.cost_model(d["info"]["cost"]["slab_mb"], pinned=not d["info"]["mmap"])
+        names.append(name)
+        for r in d["rows"]:
+            if r["scheduler_mb_per_token"] > 0:
+                raise SystemExit(f"{path}: the scheduler copied weights ({r['scheduler_mb_per_token']} MB/token)")
+            key = (r["routing"].rsplit("-", 1)[-1], r["slots"], r["every"])
+            L_k = d["info"]["k"] * (d["info"]["n_layer"] - 1)              # picks per token (MoE layers x k)
+            cpu = (1 - r["sim_hit_rate"]) * L_k
+            sim = cost.ms_per_token(L_k - cpu, cpu, r["sim_mb_per_token"] / cost.slab_mb)
+            cells[key, name] = f"{r['decode_tok_s']:.1f} ({1000 / r['decode_tok_s']:.1f} / {sim:.1f})"
+            facts[key] = f"{100 * r['hit_rate']:.1f} ({100 * r['sim_hit_rate']:.1f}) | {r['mb_moved_per_token']:.1f}"
+    print("| routing | slots | policy | hit % (sim) | MB up/token | " + " | ".join(names) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(names))
+    for key in sorted(facts, key=lambda k: (k[0], k[1], k[2])):
+        pol = "static" if key[2] == 0 else f"re-pick {key[2]}"
+        print(f"| {key[0]} | {key[1]} | {pol} | {facts[key]} | "
+              + " | ".join(cells.get((key, n), "—") for n in names) + " |")
+
+
+if __name__ == "__main__":
+    main()
