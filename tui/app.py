@@ -432,8 +432,9 @@ class MoeslotsApp(App[None]):
         base.query_one("#uploads", Static).update(
             f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token {snap.cpu_experts_per_token:.1f}"
             f"   pack {snap.pack_bytes / 2**20:.0f} MiB")
-        repick = (f"   re-picks {snap.repicks}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB"
-                  if getattr(snap, "repicks", 0) else "")
+        n_rp = getattr(snap, "repicks", 0)
+        repick = (f"   re-picks {n_rp}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB "
+                  f"({snap.repick_mb / n_rp:.1f} MB each)" if n_rp else "")
         base.query_one("#whatif", Static).update((getattr(snap, "whatif", "") or "") + repick)
         base.query_one(SlotHeatmap).update_layers(
             [(ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share) for ls in snap.layers])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -279,10 +280,18 @@ async def test_repick_toggle(store: Store) -> None:
             self.cfg.repick_every = every
             return f"re-pick every {every} tokens"
 
+        def snapshot(self) -> Snapshot:
+            snap = super().snapshot()
+            if not self.cfg.repick_every:
+                return snap
+            return dataclasses.replace(snap, repicks=3, repick_swaps=12, repick_mb=30.0)
+
     eng = RepickFake()
     app = MoeslotsApp(eng, store=store)
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.press("f3")
         assert eng.cfg.repick_every == 16
+        await pilot.pause(0.6)                                    # a snapshot refresh
+        assert "re-picks 3: 12 swaps, 30 MB (10.0 MB each)" in str(app.query_one("#whatif").render())
         await pilot.press("f3")
         assert eng.cfg.repick_every == 0
