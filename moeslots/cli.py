@@ -641,7 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
-                                                            "per layer (default: static); auto: simulate the profile")
+                   "per layer (default: static); auto: plan from the profile's first half, score each N on its second "
+                   "half with this machine's calibration (pays mostly with --no-mmap and a drifting workload)")
     c.set_defaults(func=cmd_chat)
 
     ap = sub.add_parser("app", help="(default) the chat app on the default model")

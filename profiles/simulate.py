@@ -255,14 +255,16 @@ REPICK_CHOICES = (0, 1, 16, 100, 500)
 
 def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
                   margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
-                  holdout: float = 0.5) -> tuple[int, str]:
+                  holdout: float = 0.5, min_gain: float = 0.05) -> tuple[int, str]:
     """The re-pick interval (0 = static) with the lowest estimated ms/token under this cost model, simulated with
     the engine's rule (plan.elect, at most `max_swaps` per layer, `margin`). The static plan comes from the first
     part of the trace and every policy is scored on the last `holdout` of it: in the app the plan comes from a
     profile recorded earlier and the text decoded later drifts away from it, and scoring in-sample would hide that
     drift (the static plan would be the best static set for the very tokens scored). Traces too short to split
-    (under 128 tokens per part) are scored in-sample. Deterministic for a given trace, slots and cost. Returns
-    (N, one line saying why)."""
+    (under 128 tokens per part) are scored in-sample. A re-pick interval is chosen only when it is estimated at
+    least `min_gain` faster than static: smaller gains are below what the cost model resolves (measured cells were
+    -10 to +29 % off its ms/token on the H200 box, docs/benchmarks.md) and re-picking moves bytes for them.
+    Deterministic for a given trace, slots and cost. Returns (N, one line saying why)."""
     cost = cost or CostModel()
     layers, P = token_matrix(trace)
     n_expert = max(trace.n_expert, int(P.max()) + 1)
@@ -282,16 +284,18 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
             hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin)
         cpu = (1 - hr) * L * k
         results.append((cost.ms_per_token(L * k - cpu, cpu, up), n, hr, up))
-    best = min(results, key=lambda r: (r[0], r[1]))
     static = next(r for r in results if r[1] == 0)
+    best = min((r for r in results if r[1] != 0), key=lambda r: (r[0], r[1]), default=static)
     ms, n, hr, up = best
     scored = (f"plan from the profile's first {cut} tokens, scored on its last {T - cut}" if split
               else f"profile of {T} tokens scored in-sample")
-    if n == 0:
-        why = (f"static: {100 * hr:.0f} % hits at {slots} slots, est. {ms:.2f} ms/token; re-picking would not pay "
-               f"back its uploads at {cost.pcie_gbps:.1f} GB/s PCIe vs {cost.cpu_gbps:.1f} GB/s CPU ({scored})")
-    else:
-        why = (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
-               f"{up * cost.slab_mb:.1f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static "
-               f"({scored})")
-    return n, why
+    gain = 1 - ms / static[0] if static[0] > 0 else 0.0
+    if n == 0 or gain < min_gain:
+        extra = (f"the best re-pick (every {n}) would save {100 * gain:.1f} %, under {100 * min_gain:.0f} %"
+                 if n and gain > 0 else f"re-picking would not pay back its uploads at {cost.pcie_gbps:.1f} GB/s "
+                 f"PCIe vs {cost.cpu_gbps:.1f} GB/s CPU")
+        return 0, (f"static: {100 * static[2]:.0f} % hits at {slots} slots, est. {static[0]:.2f} ms/token; {extra} "
+                   f"({scored})")
+    return n, (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
+               f"{up * cost.slab_mb:.2f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static, "
+               f"{100 * gain:.0f} % faster ({scored})")

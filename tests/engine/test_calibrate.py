@@ -51,7 +51,7 @@ def test_repick_auto_uses_the_calibration(cfg_home: Path) -> None:
     slow_bus = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-02", model="m", slab_mb=3.0,
                                      upload_pageable_gbps=0.5, upload_pinned_gbps=0.0, cpu_gbps=80.0,
                                      base_ms=3.0, method="split")
-    fast_bus = dataclasses.replace(slow_bus, upload_pageable_gbps=2000.0, cpu_gbps=5.0)
+    fast_bus = dataclasses.replace(slow_bus, upload_pageable_gbps=2000.0, cpu_gbps=5.0, base_ms=0.0)
     a = choose_repick(trace, 16, slow_bus.cost_model())
     assert a == choose_repick(trace, 16, slow_bus.cost_model())                  # deterministic
     assert a[0] == 0                                                            # slow uploads never pay back

@@ -3,6 +3,7 @@ simulator policies on traces with known answers."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +185,20 @@ def test_choose_repick_scores_the_plan_on_later_tokens() -> None:
     assert "in-sample" in why_in and "(static 50 %)" in why_in
     short = _trace([[0, 1]] * 100 + [[2, 3]] * 100, meta=meta)
     assert "scored in-sample" in choose_repick(short, 2, bus)[1]          # too short to split
+
+
+def test_choose_repick_needs_a_gain_the_cost_model_can_resolve() -> None:
+    """A re-pick that the model says saves 1 % is noise on real hardware: static, and the line says so."""
+    from moeslots.profiles.simulate import choose_repick
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    drift = _trace([[0, 1]] * 300 + [[2, 3]] * 300, meta=meta)
+    expert_bound = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=0.0)
+    base_bound = dataclasses.replace(expert_bound, base_ms=1000.0)       # same savings, drowned in fixed work
+    assert choose_repick(drift, 2, expert_bound)[0] > 0
+    n, why = choose_repick(drift, 2, base_bound)
+    assert n == 0 and "would save" in why and "under 5 %" in why
+    assert choose_repick(drift, 2, base_bound, min_gain=0.0)[0] > 0
 
 
 def test_skew_ignores_layers_that_do_not_route() -> None:
