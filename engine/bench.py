@@ -309,7 +309,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_decode + 16)]
     info = {"model": str(model_path), "n_layer": f.n_layer, "n_expert": f.n_expert, "k": f.n_expert_used,
-            "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
+            "n_moe": len(moe), "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
             "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
             "routings": {}}
     rows: list[RepickRow] = []

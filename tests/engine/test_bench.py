@@ -48,6 +48,7 @@ def test_repick_bench_matches_the_simulator() -> None:
         assert r.scheduler_mb_per_token == 0.0
         assert (r.swaps > 0) == (r.every > 0) and (r.mb_moved_per_token > 0) == (r.swaps > 0)
     assert "split" not in info["routings"]["uniform"]
+    assert info["n_moe"] == 6                      # the bundled model's MoE layers (scripts/repick_table.py reads it)
 
 
 def test_mtp_bench_times_each_phase() -> None:
