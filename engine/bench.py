@@ -299,6 +299,10 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     from moeslots.engine import replay
     from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static
 
+    for every in intervals:
+        if every >= n_decode:
+            log(f"note: re-pick {every} never fires in {n_decode} decode tokens (its row measures static again); "
+                f"-n {2 * every} or more measures it")
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]

@@ -5,12 +5,13 @@
 # synthetic models, so only the first call pays the ~4-minute CUDA build. Carry .export and .whl.
 #   STEPS="diag async heads" bash scripts/h200/owed.sh        # issue 7 table, issue 6 head placement
 #   STEPS="repick pinned overlap" bash scripts/h200/owed.sh   # issue 10
-# Still owed after 2026-12-03: STEPS="diag calib repick15 pinned heads" (the slots-vs-stock logit yardstick, re-pick
-# 1/16 after patch 0015, re-pick with pinned uploads under chat/uniform routing, MTP heads with the fixed clock).
+# Measured in the second session of 2026-12-03: diag calib repick15 pinned heads (docs/benchmarks.md). Not yet:
+# STEPS="long" (re-pick 100/500 over 1,024 decode tokens: a 256-token run never reaches a 500-token re-pick).
 # Steps: diag (the bundled model on CUDA, <=4-token batches), async (patch 0008 on/off: decode at 0/32/64/96
 # slots with a 512-token prompt, and with MTP), heads (where the NextN block's experts live: slots/host/gpu,
 # const head), repick (static vs re-pick, pageable uploads, code/chat/uniform), pinned (the same from pinned
-# host memory, code), overlap (patch 0011 copies overlapping decode, pageable and pinned), calib.
+# host memory, chat/uniform), long (N = 100/500 over 1,024 tokens, pinned), overlap (patch 0011 copies
+# overlapping decode, pageable and pinned), repick15 (re-pick 1/16 after patch 0015), calib.
 # $OUT: owed.txt (log), bench.tgz (every JSON written so far; repacked after each step).
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-585}
@@ -82,6 +83,8 @@ pinned)   # code was measured 2026-12-03; chat at 64 pinned is the simulator's o
 repick15)  # re-pick 1/16 again after patch 0015 (no graph rebuild per re-pick) and the faster election
   run repick15-mmap 120 $M bench /tmp/mtp.gguf --repick 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --json $B/repick15-mmap.json
   run repick15-pinned 150 $M bench /tmp/mtp.gguf --repick 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --no-mmap --json $B/repick15-pinned.json ;;
+long)      # re-pick 500 fires twice in 1,024 tokens (profile rows 1,024 + 1,040 replayed: both traces have them)
+  run repick-long 300 $M bench /tmp/mtp.gguf --repick 0,100,500 --slots 32,64 --replay $P-chat.csv,$P-code.csv -n 1024 --threads 16 --no-mmap --json $B/repick-long.json ;;
 overlap)
   run overlap-mmap 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json
   run overlap-pinned 100 $M bench /tmp/mtp.gguf --repick 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json ;;

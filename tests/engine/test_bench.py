@@ -38,15 +38,18 @@ def test_repick_bench_matches_the_simulator() -> None:
     from moeslots.engine import bundled
 
     # an interval longer than the window too: the engine elects from the last `window` tokens, so must the sim
-    rows, info = bench.run_repick(bundled.model(), [8], [0, 4, 12], [str(bundled.profile("code")), "uniform"],
+    logs: list[str] = []
+    rows, info = bench.run_repick(bundled.model(), [8], [0, 4, 12, 40], [str(bundled.profile("code")), "uniform"],
                                   n_decode=36, profile_rows=256, threads=2, pack_host=True, window=6,
-                                  log=lambda m: None)
-    assert [(r.routing, r.every) for r in rows] == [("moeslots-tiny-glm4moe-code", n) for n in (0, 4, 12)] + [
-        ("uniform", n) for n in (0, 4, 12)]
+                                  log=logs.append)
+    assert any("re-pick 40 never fires in 36" in line for line in logs)
+    assert not any("re-pick 12 never" in line for line in logs)
+    assert [(r.routing, r.every) for r in rows] == [("moeslots-tiny-glm4moe-code", n) for n in (0, 4, 12, 40)] + [
+        ("uniform", n) for n in (0, 4, 12, 40)]
     for r in rows:
         assert r.hit_rate == pytest.approx(r.sim_hit_rate, abs=1e-9)      # same rows, same election rule
         assert r.scheduler_mb_per_token == 0.0
-        assert (r.swaps > 0) == (r.every > 0) and (r.mb_moved_per_token > 0) == (r.swaps > 0)
+        assert (r.swaps > 0) == (0 < r.every < 36) and (r.mb_moved_per_token > 0) == (r.swaps > 0)
     assert "split" not in info["routings"]["uniform"]
     assert info["n_moe"] == 6                      # the bundled model's MoE layers (scripts/repick_table.py reads it)
 
