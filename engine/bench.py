@@ -297,7 +297,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     so a re-pick's swaps arrive over the next tokens. The simulator runs the same rows with the same rule
     (profiles.simulate._reelect; it applies swaps at once) under `cost`."""
     from moeslots.engine import replay
-    from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static
+    from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static, layer_counts
 
     for every in intervals:
         if every >= n_decode:
@@ -331,9 +331,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
             replay.set_replay(ctx.ptr, replay.ReplayTable(test, full.source))
             name = "uniform" if routing == "uniform" else Path(routing).stem
             info["routings"][name] = full.source
-            counts = np.zeros((f.n_layer + f.n_nextn, f.n_expert), np.int64)
-            for j, il in enumerate(moe):
-                counts[il] = np.bincount(prof[:, j].ravel(), minlength=f.n_expert)
+            counts = layer_counts(prof, moe, f.n_expert)
             P = test[16:16 + n_decode][:, col]                           # the timed decode rows
             for s in slot_counts:
                 plan0 = SlotPlan(plan_from_counts(counts, s, moe))

@@ -83,6 +83,15 @@ def token_matrix(t: Trace, max_step: int = 16) -> tuple[list[int], np.ndarray]:
     return layers, out[keep]
 
 
+def layer_counts(P: np.ndarray, layers: Sequence[int], n_expert: int) -> np.ndarray:
+    """Picks per (model layer, expert) of a token matrix [T, len(layers), k] whose column j is model layer
+    layers[j]; rows of other layers stay 0 (plan_from_counts' input)."""
+    counts = np.zeros((max(layers) + 1, n_expert), np.int64)
+    for j, il in enumerate(layers):
+        counts[il] = np.bincount(P[:, j].ravel(), minlength=n_expert)
+    return counts
+
+
 def _static(P: np.ndarray, resident: np.ndarray) -> tuple[float, float]:
     L = P.shape[1]
     hit = resident[np.arange(L)[None, :, None], P]
@@ -272,10 +281,8 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     cut = int(round(T * (1 - holdout)))
     split = 0 < holdout < 1 and min(cut, T - cut) >= 128
     train, P = (P[:cut], P[cut:]) if split else (P, P)
-    counts = np.zeros((max(layers) + 1, n_expert), np.int64)
-    for j, il in enumerate(layers):
-        counts[il] = np.bincount(train[:, j].ravel(), minlength=n_expert)
-    initial = _resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert)
+    initial = _resident_from_plan(plan_from_counts(layer_counts(train, layers, n_expert), slots, layers), layers,
+                                  n_expert)
     results = []
     for n in choices:
         if n == 0:

@@ -17,7 +17,7 @@ import numpy as np
 from moeslots.engine import bundled, replay
 from moeslots.engine.calibrate import Calibration
 from moeslots.profiles.plan import plan_from_counts
-from moeslots.profiles.simulate import _reelect, _resident_from_plan, _static
+from moeslots.profiles.simulate import _reelect, _resident_from_plan, _static, layer_counts
 
 
 def main() -> None:
@@ -42,9 +42,7 @@ def main() -> None:
                 else replay.from_trace(bundled.profile(routing), E, k))
         col = np.array([il % full.ids.shape[1] for il in moe])
         prof, P = full.ids[:a.profile_rows][:, col], full.ids[a.profile_rows:a.profile_rows + a.tokens][:, col]
-        counts = np.zeros((max(moe) + 1, E), np.int64)
-        for j, il in enumerate(moe):
-            counts[il] = np.bincount(prof[:, j].ravel(), minlength=E)
+        counts = layer_counts(prof, moe, E)
         for s in (int(x) for x in a.slots.split(",")):
             init = _resident_from_plan(plan_from_counts(counts, s, moe), moe, E)
             cells = []
