@@ -24,8 +24,11 @@ def test_bench_rows(tiny_qwen: Path) -> None:
     assert table.count("\n| ") == 4 and "| 8 |" in table
 
 
-def test_repick_bench_overlapped_copies() -> None:
+def test_repick_bench_overlapped_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     from moeslots.engine import bundled
+    from test_repick import stage_waits
+
+    stage_waits(monkeypatch)
 
     rows, _ = bench.run_repick(bundled.model(), [8], [0, 2], [str(bundled.profile("chat"))], n_decode=24,
                                profile_rows=256, threads=2, pack_host=True, overlap=True, log=lambda m: None)

@@ -185,7 +185,9 @@ def test_close_waits_for_a_cancelled_reply(tiny_glm: Path) -> None:
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:      # cancel mid-reply, on a fast machine too
+        time.sleep(0.001)
     stop.set()
     e.close()                       # must not free the model under the worker
     t.join(timeout=10)
