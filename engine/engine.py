@@ -53,6 +53,8 @@ class EngineConfig:
     repick_margin: float = 0.25                     # a candidate must beat the incumbent by this much (hysteresis)
     repick_overlap: bool = True                     # re-pick copies on a worker thread while decoding (patch 0011:
                                                     # one spare pack entry per layer when re-picking at load)
+    repick_auto_every: int = 0                      # after set_repick_auto: decide again every N decode tokens from
+                                                    # this session's routing (0: the load-time decision stands)
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -123,6 +125,8 @@ class Snapshot:
     repicks: int = 0                      # adaptive residency: re-picks done, slabs swapped, MB moved in all
     repick_swaps: int = 0
     repick_mb: float = 0.0
+    repick_every: int = 0                 # the interval in force (0: static)
+    repick_auto: str = ""                 # `--repick auto`: its last decision and why ("" when not on auto)
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
@@ -213,6 +217,8 @@ class Engine:
         self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
         self._since_repick = 0
         self._repicks = self._repick_swaps = self._repick_bytes = 0
+        self._auto_line = ""                               # --repick auto: the last decision, for the snapshot
+        self._auto_mark: tuple[int, SlotPlan] | None = None  # live auto: (decode tokens, plan) when last decided
         self._spare = False                                # the packs have a spare entry (overlapped re-picks)
         self._stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self._rec_tokens = 0
@@ -246,6 +252,8 @@ class Engine:
                 raise
             with self._lock:
                 self._plan, self.load_line, self._spare = plan, line, spare
+                if self._auto_mark is not None:
+                    self._auto_mark = (self._decode_tokens, plan)     # live auto scores from the new plan on
             return line
         finally:
             self._busy.release()
@@ -383,6 +391,7 @@ class Engine:
             self._keep_recorded_rows(st_before, st1, n, end=len(toks) + n)
         if n:
             self._update_whatif(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
+            self._maybe_redecide(st1, self._decode_tokens + n)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
         with self._lock:
@@ -404,16 +413,20 @@ class Engine:
                 self.mtp.truncate(0)
             self._tokens = []
 
-    def set_repick(self, every: int, swaps: int | None = None) -> str:
+    def set_repick(self, every: int, swaps: int | None = None, *, auto: bool = False) -> str:
         """Turn adaptive residency on (re-pick every `every` decode tokens) or off (0); effective from the next
-        token. Returns a line for the user."""
+        token. A choice made here (auto=False) ends `--repick auto`'s live decisions. Returns a line for the user."""
         if every < 0:
             raise EngineError("re-pick interval must be >= 0")
         self.cfg = dataclasses.replace(self.cfg, repick_every=every,
                                        repick_swaps=self.cfg.repick_swaps if swaps is None else swaps)
         self._since_repick = 0
-        return (f"re-pick every {every} tokens, at most {self.cfg.repick_swaps} swaps per layer" if every
-                else "static residency (no re-picks)")
+        was_auto = bool(self._auto_line)
+        if not auto:
+            with self._lock:
+                self._auto_mark, self._auto_line = None, ""
+        return ((f"re-pick every {every} tokens, at most {self.cfg.repick_swaps} swaps per layer" if every
+                 else "static residency (no re-picks)") + (" (re-pick auto off)" if was_auto and not auto else ""))
 
     def set_repick_auto(self, cost: "CostModel | None" = None) -> str:
         """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
@@ -432,8 +445,42 @@ class Engine:
                                    max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
         except (TraceError, ValueError) as e:
             raise EngineError(f"--repick auto: {e}") from None
-        self.set_repick(n)
-        return f"{why} [{source}]"
+        self.set_repick(n, auto=True)
+        line = f"{why} [{source}]"
+        with self._lock:
+            self._auto_line = f"auto: {line}"
+            if self.cfg.repick_auto_every > 0:
+                self._auto_mark = (self._decode_tokens, self._plan)
+        if self.cfg.repick_auto_every > 0:
+            line += f"; decided again every {self.cfg.repick_auto_every} tokens from this chat's own routing"
+        return line
+
+    def _maybe_redecide(self, st: "stats_mod.RoutingStats", n_dec: int) -> None:
+        """Live `--repick auto` (cfg.repick_auto_every > 0), after a reply: once that many decode tokens have passed
+        since the last decision, score static and each interval on them, from the plan held when they began
+        (profiles.simulate.choose_repick_from), and switch if another interval wins. A profile recorded earlier
+        cannot see the drift of this chat; these tokens can."""
+        mark, every = self._auto_mark, self.cfg.repick_auto_every
+        if mark is None or every <= 0 or n_dec - mark[0] < every or not self._plan.layers:
+            return
+        from moeslots.profiles.simulate import choose_repick_from
+        from moeslots.profiles.trace import from_ring
+
+        ring = st.ring[st.ring[:, 0] >= 0]
+        try:
+            cost, _ = self.cost_model()
+            n, why = choose_repick_from(from_ring(ring, {"n_expert": str(self.model.facts.n_expert)}),
+                                        mark[1].layers, cost, last=n_dec - mark[0],
+                                        max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
+        except ValueError:                      # TraceError included: too few rows in the ring
+            return
+        was = self.cfg.repick_every
+        if n != was:
+            self.set_repick(n, auto=True)
+        with self._lock:
+            self._auto_mark = (n_dec, self._plan)
+            self._auto_line = (f"auto @{n_dec} tokens: {why}" if n == was
+                               else f"auto @{n_dec} tokens, {'static' if not was else f'every {was}'} -> {why}")
 
     def _maybe_repick(self, n_new: int) -> None:
         """Adaptive residency (cfg.repick_every > 0): every N decode tokens, elect residents per layer from the
@@ -609,7 +656,7 @@ class Engine:
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=self._repicks, repick_swaps=self._repick_swaps,
-                repick_mb=self._repick_bytes / 1e6)
+                repick_mb=self._repick_bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=self._auto_line)
 
     def _update_whatif(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> None:
         """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same

@@ -385,6 +385,10 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return cmd_generate(ns)
 
 
+AUTO_EVERY = 256   # --repick auto decides again after this many decode tokens of the chat: the intervals it can
+                   # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
+
+
 def _parse_repick(v: str | None) -> tuple[int, int]:
     if not v or v == "auto":
         return 0, 4
@@ -408,7 +412,7 @@ def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool
     every, swaps = _parse_repick(repick)
     eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
                               pack_host=pack_host, repick_every=every, repick_swaps=swaps, async_cpu=async_cpu,
-                              mmap=mmap))
+                              mmap=mmap, repick_auto_every=AUTO_EVERY if repick == "auto" else 0))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     if repick == "auto":
@@ -642,7 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ctx", type=int, default=4096)
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
                    "per layer (default: static); auto: plan from the profile's first half, score each N on its second "
-                   "half with this machine's calibration (pays mostly with --no-mmap and a drifting workload)")
+                   "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "
+                   "(pays mostly with --no-mmap and a drifting workload)")
     c.set_defaults(func=cmd_chat)
 
     ap = sub.add_parser("app", help="(default) the chat app on the default model")

@@ -14,7 +14,7 @@ slab (Qwen3-30B-A3B shape at Q4_K_M).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -277,25 +277,54 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     cost = cost or CostModel()
     layers, P = token_matrix(trace)
     n_expert = max(trace.n_expert, int(P.max()) + 1)
-    T, L, k = P.shape
+    T = P.shape[0]
     cut = int(round(T * (1 - holdout)))
     split = 0 < holdout < 1 and min(cut, T - cut) >= 128
     train, P = (P[:cut], P[cut:]) if split else (P, P)
     initial = _resident_from_plan(plan_from_counts(layer_counts(train, layers, n_expert), slots, layers), layers,
                                   n_expert)
+    scored = (f"plan from the profile's first {cut} tokens, scored on its last {T - cut}" if split
+              else f"profile of {T} tokens scored in-sample")
+    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain, scored)
+
+
+def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
+                       last: int | None = None, max_swaps: int = 4, margin: float = 0.25,
+                       choices: Sequence[int] = REPICK_CHOICES, min_gain: float = 0.05) -> tuple[int, str]:
+    """choose_repick for a session in progress (`--repick auto` re-decides as the chat goes on): static is the
+    resident `plan` the app held when the last `last` decode tokens of `trace` began; every interval starts from it
+    and is scored on those tokens. They came after the plan was fixed, so the score is out of sample, and it sees
+    this session's drift, which a profile recorded earlier cannot. Intervals longer than half the scored tokens are
+    left out (they would fire at most once: static again, judged on too little)."""
+    cost = cost or CostModel()
+    layers, P = token_matrix(trace)
+    if last is not None:
+        P = P[-last:]
+    n_expert = max([trace.n_expert, int(P.max()) + 1] + [max(v, default=-1) + 1 for v in plan.values()])
+    T = P.shape[0]
+    slots = max((len(v) for v in plan.values()), default=0)
+    initial = _resident_from_plan({il: tuple(v) for il, v in plan.items()}, layers, n_expert)
+    choices = [n for n in choices if n == 0 or n <= T // 2]
+    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain,
+                    f"this session's last {T} tokens, from the plan they began with")
+
+
+def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost: CostModel,
+             choices: Sequence[int], max_swaps: int, margin: float, min_gain: float,
+             scored: str) -> tuple[int, str]:
+    """Score static and every re-pick interval on P from the resident set `initial`, then decide (choose_repick)."""
+    T, L, k = P.shape
     results = []
-    for n in choices:
+    for n in sorted(set(choices) | {0}):
         if n == 0:
             hr, up = _static(P, initial)[0], 0.0
         else:
             hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin)
         cpu = (1 - hr) * L * k
         results.append((cost.ms_per_token(L * k - cpu, cpu, up), n, hr, up))
-    static = next(r for r in results if r[1] == 0)
+    static = results[0]
     best = min((r for r in results if r[1] != 0), key=lambda r: (r[0], r[1]), default=static)
     ms, n, hr, up = best
-    scored = (f"plan from the profile's first {cut} tokens, scored on its last {T - cut}" if split
-              else f"profile of {T} tokens scored in-sample")
     gain = 1 - ms / static[0] if static[0] > 0 else 0.0
     if n == 0 or gain < min_gain:
         extra = (f"the best re-pick (every {n}) would save {100 * gain:.1f} %, under {100 * min_gain:.0f} %"

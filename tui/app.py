@@ -142,6 +142,7 @@ class MoeslotsApp(App[None]):
         self._last_answer = ""
         self._inspector_visible = True
         self._user_toggled = False        # once the user toggles the inspector, resizing no longer hides it
+        self._repick_seen = int(getattr(getattr(engine, "cfg", None), "repick_every", 0) or 0)
 
     # -- layout ------------------------------------------------------------------------------------------------
 
@@ -278,6 +279,7 @@ class MoeslotsApp(App[None]):
             self._last_answer = event.text
         if cancelled and not self.query_one(Prompt).text.strip():
             self.query_one(Prompt).text = self._pending_prompt    # Esc puts the prompt back, to edit and resend
+        self._say_auto_switch()
         self._assistant = None
         self._generating = False                  # last: the reply is fully settled (store, log, prompt)
         self.query_one(Prompt).focus()
@@ -388,12 +390,24 @@ class MoeslotsApp(App[None]):
             self.store.set_system(self.chat_id, text)
             self.notify("system prompt set" if text else "system prompt cleared")
 
+    def _say_auto_switch(self) -> None:
+        """`--repick auto` decides again as the chat goes on (after a reply): say so when it switched."""
+        try:
+            snap = self.engine.snapshot()
+        except Exception:  # noqa: BLE001 - e.g. the engine is closing
+            return
+        every, auto = int(getattr(snap, "repick_every", 0)), getattr(snap, "repick_auto", "")
+        if every != self._repick_seen and auto:
+            self.notify(auto, title="re-pick (auto)", timeout=12)
+        self._repick_seen = every
+
     def action_toggle_repick(self) -> None:
         if not hasattr(self.engine, "set_repick"):
             return
         cfg = getattr(self.engine, "cfg", None)
         on = bool(getattr(cfg, "repick_every", 0))
         self.notify(self.engine.set_repick(0 if on else 16))
+        self._repick_seen = 0 if on else 16
 
     def action_toggle_inspector(self) -> None:
         self._user_toggled = True
@@ -435,6 +449,9 @@ class MoeslotsApp(App[None]):
         n_rp = getattr(snap, "repicks", 0)
         repick = (f"   re-picks {n_rp}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB "
                   f"({snap.repick_mb / n_rp:.1f} MB each)" if n_rp else "")
+        if getattr(snap, "repick_auto", ""):
+            every = getattr(snap, "repick_every", 0)
+            repick += f"   auto: {f'every {every}' if every else 'static'}"
         base.query_one("#whatif", Static).update((getattr(snap, "whatif", "") or "") + repick)
         base.query_one(SlotHeatmap).update_layers(
             [(ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share) for ls in snap.layers])

@@ -216,3 +216,52 @@ def test_swaps_and_commits_keep_the_graph_and_the_stats_follow_them(tiny_qwen: P
                 hits = sum(int(x) in resident[lay] for x in ids)
                 assert int(after.hits[lay] - before.hits[lay]) == hits
                 assert int(after.misses[lay] - before.misses[lay]) == len(ids) - hits
+
+
+def test_repick_auto_decides_again_on_the_chat_s_own_routing(tiny_glm: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--repick auto` (repick_auto_every > 0): the load-time decision (static under dear uploads) is taken again
+    after enough decode tokens, on those tokens, from the plan held when they began; with uploads this machine
+    makes cheap it switches re-picking on, says so in the snapshot, and the text stays the static cache's. A
+    choice by hand (F3) ends the live decisions."""
+    from moeslots.profiles.record import record
+    from moeslots.profiles.simulate import CostModel
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    prof = tmp_path / "prof.csv"
+    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
+    asks = ["tell me about the experts", "and more"]
+    dear = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)
+    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
+    texts = []
+    for live in (0, 16):
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=False,
+                                max_tokens=40, repick_auto_every=live, repick_margin=0.0))
+        try:
+            monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+            assert e.set_repick_auto(dear).startswith("static")
+            snap = e.snapshot()
+            assert snap.repick_every == 0 and snap.repick_auto.startswith("auto: static")
+            texts.append([_reply_text(e, asks[0])])
+            snap = e.snapshot()
+            if live:
+                assert snap.repick_auto.startswith("auto @40 tokens, static -> re-pick every"), snap.repick_auto
+                assert snap.repick_every in (1, 16) and "this session's last 40 tokens" in snap.repick_auto
+            else:
+                assert snap.repick_every == 0 and snap.repick_auto.startswith("auto: static")  # decided once
+            texts[-1].append(_reply_text(e, asks[1]))
+            assert (e.snapshot().repicks > 0) == bool(live)
+            if live:
+                assert "(re-pick auto off)" in e.set_repick(0)                   # by hand: live decisions end
+                _reply_text(e, asks[0])
+                snap = e.snapshot()
+                assert snap.repick_every == 0 and snap.repick_auto == ""
+        finally:
+            e.close()
+    assert texts[0] == texts[1]                       # the re-picked second reply too: placement is not math
+
+
+def _reply_text(e: Engine, ask: str) -> str:
+    e.new_chat()
+    return "".join(ev.text for ev in e.chat([Message("user", ask)]) if isinstance(ev, TextDelta))

@@ -246,3 +246,25 @@ def test_elect_matches_the_rule_spelled_out_on_random_scores_with_ties() -> None
         resident = [int(x) for x in rng.permutation(n)[:s]]
         m, margin = int(rng.integers(0, 6)), float(rng.choice([0.0, 0.25, 1.0]))
         assert elect(scores, resident, m, margin) == _elect_reference(scores, resident, m, margin)
+
+
+def test_choose_repick_from_scores_the_session_from_the_plan_it_held() -> None:
+    """Live `--repick auto`: static is the plan the app held when the scored tokens began (not a plan made from
+    them), every interval starts from it, and only the last `last` tokens count."""
+    from moeslots.profiles.simulate import choose_repick_from
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=0.0)
+    session = _trace([[0, 1]] * 300 + [[2, 3]] * 256, meta=meta)
+    # the chat moved to experts 2, 3 while the profile's plan holds 0, 1: re-picking follows it
+    n, why = choose_repick_from(session, {0: (0, 1)}, bus, last=256)
+    assert n > 0 and "(static 0 %)" in why and "last 256 tokens" in why
+    assert choose_repick_from(session, {0: (0, 1)}, bus, last=256) == (n, why)       # deterministic
+    # the plan already holds what the chat uses: nothing to gain
+    n2, why2 = choose_repick_from(session, {0: (2, 3)}, bus, last=256)
+    assert n2 == 0 and why2.startswith("static: 100 % hits")
+    # scored on the older tokens instead, the same plan {2, 3} would be the one to leave
+    assert choose_repick_from(session, {0: (2, 3)}, bus)[0] > 0
+    # an interval that cannot fire twice in the scored tokens is not a choice: 100 needs 200 of them
+    assert choose_repick_from(_trace([[2, 3]] * 150, meta=meta), {0: (0, 1)}, bus, choices=(0, 100))[0] == 0
+    assert choose_repick_from(_trace([[2, 3]] * 250, meta=meta), {0: (0, 1)}, bus, choices=(0, 100))[0] == 100

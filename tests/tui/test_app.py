@@ -295,3 +295,39 @@ async def test_repick_toggle(store: Store) -> None:
         assert "re-picks 3: 12 swaps, 30 MB (10.0 MB each)" in str(app.query_one("#whatif").render())
         await pilot.press("f3")
         assert eng.cfg.repick_every == 0
+
+
+async def test_repick_auto_switch_is_said(store: Store) -> None:
+    """`--repick auto` decides again after replies: when its interval changes the app says why (a toast) and
+    the inspector shows the interval in force; a reply that changes nothing says nothing."""
+    class AutoFake(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            from types import SimpleNamespace
+
+            self.cfg = SimpleNamespace(repick_every=0)
+            self.decisions = [(0, "auto: static: 40 % hits"), (16, "auto @256 tokens, static -> re-pick every 16"),
+                              (16, "auto @512 tokens: re-pick every 16")]
+            self.auto = self.decisions[0][1]
+
+        def chat(self, messages, cancel=None):  # noqa: ANN001
+            yield from super().chat(messages, cancel)
+            self.decisions.pop(0)
+            self.cfg.repick_every, self.auto = self.decisions[0]
+
+        def snapshot(self) -> Snapshot:
+            return dataclasses.replace(super().snapshot(), repick_every=self.cfg.repick_every, repick_auto=self.auto)
+
+    eng = AutoFake()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause(0.4)
+        assert "auto: static" in str(app.query_one("#whatif").render())
+        for ask, said in (("one", 1), ("two", 1)):
+            app.query_one(Prompt).text = ask
+            await pilot.press("enter")
+            await _wait(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) >= 2)
+            await pilot.pause(0.4)
+            toasts = [n.message for n in app._notifications if "re-pick every 16" in str(n.message)]
+            assert len(toasts) == said, toasts
+        assert "auto: every 16" in str(app.query_one("#whatif").render())
