@@ -470,7 +470,7 @@ class Engine:
         try:
             cost, _ = self.cost_model()
             n, why = choose_repick_from(from_ring(ring, {"n_expert": str(self.model.facts.n_expert)}),
-                                        mark[1].layers, cost, last=n_dec - mark[0],
+                                        mark[1].layers, cost, last=n_dec - mark[0], current=self.cfg.repick_every,
                                         max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
         except ValueError:                      # TraceError included: too few rows in the ring
             return

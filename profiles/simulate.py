@@ -175,32 +175,50 @@ def _lfu_decay(P: np.ndarray, S: int, n_expert: int, decay: float = 0.98) -> tup
     return hits / (T * L * k), uploads / T, cpu / T
 
 
-def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
-             max_swaps: int | None = None, margin: float = 0.0) -> tuple[float, float]:
-    """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule)."""
-    from moeslots.profiles.plan import elect
+class Residency:
+    """The engine's re-pick rule (plan.elect on the last `window` tokens' counts, at most `max_swaps` per layer,
+    `margin`) as a simulation whose residents carry over from one `run` to the next: a session in which the
+    interval changes (live `--repick auto`) is simulated piece by piece."""
 
+    def __init__(self, initial: np.ndarray, S: int, window: int = 64, max_swaps: int | None = None,
+                 margin: float = 0.0) -> None:
+        self.resident = initial.copy()
+        self.slots = [list(np.flatnonzero(initial[l]))[:S] for l in range(initial.shape[0])]   # fill to S
+        self.S, self.window, self.max_swaps, self.margin = S, window, max_swaps, margin
+
+    def run(self, P: np.ndarray, a: int, b: int, K: int) -> tuple[int, int]:
+        """Tokens a..b-1 of P with a re-pick every K tokens from a (K = 0: static); tokens before a are the
+        history the first re-pick's window sees (the engine's ring). Returns (picks served, slabs uploaded)."""
+        from moeslots.profiles.plan import elect
+
+        L = P.shape[1]
+        n_expert = self.resident.shape[1]
+        rows = np.arange(L)
+        hits = uploads = 0
+        for t0 in range(a, b, K or (b - a) or 1):
+            if t0 > a and self.S > 0:
+                w = P[max(0, t0 - self.window):t0]
+                counts = np.zeros((L, n_expert), np.int64)
+                np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), 1)
+                for l in range(L):
+                    for slot, e in elect(counts[l].astype(np.float64), self.slots[l], self.max_swaps or self.S,
+                                         self.margin):
+                        self.resident[l, self.slots[l][slot]] = False
+                        self.resident[l, e] = True
+                        self.slots[l][slot] = e
+                        uploads += 1
+            chunk = P[t0:min(b, t0 + K) if K else b]
+            hits += int(self.resident[rows[None, :, None], chunk].sum())
+        return hits, uploads
+
+
+def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
+             max_swaps: int | None = None, margin: float = 0.0, start: int = 0) -> tuple[float, float]:
+    """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule), over tokens
+    start.. of P (the earlier ones are the first window's history). Returns (hit rate, uploads per token)."""
     T, L, k = P.shape
-    slots = [list(np.flatnonzero(initial[l])) for l in range(L)]
-    for l in range(L):                                       # fill to S (a plan may hold fewer)
-        slots[l] = slots[l][:S]
-    resident = initial.copy()
-    rows = np.arange(L)
-    hits = uploads = 0
-    for t0 in range(0, T, K):
-        if t0 > 0 and S > 0:
-            w = P[max(0, t0 - window):t0]
-            counts = np.zeros((L, n_expert), np.int64)
-            np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), 1)
-            for l in range(L):
-                for slot, e in elect(counts[l].astype(np.float64), slots[l], max_swaps or S, margin):
-                    resident[l, slots[l][slot]] = False
-                    resident[l, e] = True
-                    slots[l][slot] = e
-                    uploads += 1
-        chunk = P[t0:t0 + K]
-        hits += int(resident[rows[None, :, None], chunk].sum())
-    return hits / (T * L * k), uploads / T
+    hits, uploads = Residency(initial, S, window, max_swaps, margin).run(P, start, T, K)
+    return hits / ((T - start) * L * k), uploads / (T - start)
 
 
 def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, train: Trace | None = None,
@@ -289,37 +307,41 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
 
 
 def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
-                       last: int | None = None, max_swaps: int = 4, margin: float = 0.25,
+                       last: int | None = None, current: int = 0, max_swaps: int = 4, margin: float = 0.25,
                        choices: Sequence[int] = REPICK_CHOICES, min_gain: float = 0.05) -> tuple[int, str]:
     """choose_repick for a session in progress (`--repick auto` re-decides as the chat goes on): static is the
     resident `plan` the app held when the last `last` decode tokens of `trace` began; every interval starts from it
     and is scored on those tokens. They came after the plan was fixed, so the score is out of sample, and it sees
     this session's drift, which a profile recorded earlier cannot. Intervals longer than half the scored tokens are
-    left out (they would fire at most once: static again, judged on too little)."""
+    left out (they would fire at most once: static again, judged on too little). Hysteresis: starting to re-pick
+    needs an estimated `min_gain`; while re-picking (`current` > 0) any estimated gain keeps it on. Stopping
+    freezes a set elected from the last 64 tokens, which is a worse static set than a profile's: over the bundled
+    chat trace at 64 slots, leaving re-pick 16 for gains under 5 % left live auto behind plain static
+    (scripts/live_auto_sim.py)."""
     cost = cost or CostModel()
     layers, P = token_matrix(trace)
-    if last is not None:
-        P = P[-last:]
+    start = max(0, P.shape[0] - last) if last is not None else 0      # earlier tokens: the first window's history
     n_expert = max([trace.n_expert, int(P.max()) + 1] + [max(v, default=-1) + 1 for v in plan.values()])
-    T = P.shape[0]
+    T = P.shape[0] - start
     slots = max((len(v) for v in plan.values()), default=0)
     initial = _resident_from_plan({il: tuple(v) for il, v in plan.items()}, layers, n_expert)
     choices = [n for n in choices if n == 0 or n <= T // 2]
-    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain,
-                    f"this session's last {T} tokens, from the plan they began with")
+    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain if current == 0 else 0.0,
+                    f"this session's last {T} tokens, from the plan they began with", start=start)
 
 
 def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost: CostModel,
              choices: Sequence[int], max_swaps: int, margin: float, min_gain: float,
-             scored: str) -> tuple[int, str]:
-    """Score static and every re-pick interval on P from the resident set `initial`, then decide (choose_repick)."""
+             scored: str, start: int = 0) -> tuple[int, str]:
+    """Score static and every re-pick interval on P[start:] from the resident set `initial`, then decide
+    (choose_repick)."""
     T, L, k = P.shape
     results = []
     for n in sorted(set(choices) | {0}):
         if n == 0:
-            hr, up = _static(P, initial)[0], 0.0
+            hr, up = _static(P[start:], initial)[0], 0.0
         else:
-            hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin)
+            hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin, start=start)
         cpu = (1 - hr) * L * k
         results.append((cost.ms_per_token(L * k - cpu, cpu, up), n, hr, up))
     static = results[0]
