@@ -348,7 +348,7 @@ def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost
     best = min((r for r in results if r[1] != 0), key=lambda r: (r[0], r[1]), default=static)
     ms, n, hr, up = best
     gain = 1 - ms / static[0] if static[0] > 0 else 0.0
-    if n == 0 or gain < min_gain:
+    if n == 0 or gain <= 0 or gain < min_gain:              # a tie is static: nothing to upload for
         extra = (f"the best re-pick (every {n}) would save {100 * gain:.1f} %, under {100 * min_gain:.0f} %"
                  if n and gain > 0 else f"re-picking would not pay back its uploads at {cost.pcie_gbps:.1f} GB/s "
                  f"PCIe vs {cost.cpu_gbps:.1f} GB/s CPU")

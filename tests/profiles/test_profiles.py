@@ -268,3 +268,18 @@ def test_choose_repick_from_scores_the_session_from_the_plan_it_held() -> None:
     # an interval that cannot fire twice in the scored tokens is not a choice: 100 needs 200 of them
     assert choose_repick_from(_trace([[2, 3]] * 150, meta=meta), {0: (0, 1)}, bus, choices=(0, 100))[0] == 0
     assert choose_repick_from(_trace([[2, 3]] * 250, meta=meta), {0: (0, 1)}, bus, choices=(0, 100))[0] == 100
+
+
+def test_choose_repick_from_keeps_re_picking_for_a_small_gain() -> None:
+    """Hysteresis: starting needs the 5 % bar, stopping needs static to be estimated faster (stopping freezes a
+    set elected from the last 64 tokens, a worse static set than a profile's)."""
+    from moeslots.profiles.simulate import choose_repick_from
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    session = _trace([[0, 1]] * 300 + [[2, 3]] * 256, meta=meta)
+    small = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1000.0)  # gains < 5 %
+    n_off, why = choose_repick_from(session, {0: (0, 1)}, small, last=256)
+    assert n_off == 0 and "under 5 %" in why
+    assert choose_repick_from(session, {0: (0, 1)}, small, last=256, current=16)[0] > 0
+    # nothing to gain at all: stops even while re-picking
+    assert choose_repick_from(session, {0: (2, 3)}, small, last=256, current=16)[0] == 0
