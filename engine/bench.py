@@ -283,21 +283,30 @@ class RepickRow:
     sim_hit_rate: float
     sim_mb_per_token: float
     sim_ms_per_token: float
+    decisions: str = ""              # live auto (every == AUTO): "token:interval" at each switch, from token 0
+
+
+AUTO = -1                            # run_repick's interval for live `--repick auto`
 
 
 def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence[int], routings: Sequence[str], *,
                n_decode: int = 256, profile_rows: int = 1024, threads: int | None = None, mmap: bool = True,
                pack_host: bool = False, max_swaps: int = 4, window: int = 64, margin: float = 0.25,
-               cost: "object | None" = None, overlap: bool = False,
+               cost: "object | None" = None, overlap: bool = False, auto_every: int = 256,
                log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
     """For each routing (a trace CSV, or "uniform"), replayed through the router: the static plan is the top-S of
     the first `profile_rows` rows (the profile); the timed decode replays the rows after them. Re-picks run
     between decode steps exactly as in the engine (cache.repick), their copies inside the timed step; with
     overlap=True they are staged on a worker thread and committed between steps (cache.Stager, as the engine does),
     so a re-pick's swaps arrive over the next tokens. The simulator runs the same rows with the same rule
-    (profiles.simulate._reelect; it applies swaps at once) under `cost`."""
+    (profiles.simulate._reelect; it applies swaps at once) under `cost`. Interval AUTO is live `--repick auto`:
+    the interval chosen at load from the profile rows (choose_repick), then chosen again every `auto_every` tokens
+    on the rows just decoded, from the plan held when they began (choose_repick_from, untimed, as the engine does
+    it between replies); the simulator runs the same schedule."""
     from moeslots.engine import replay
-    from moeslots.profiles.simulate import CostModel, _reelect, _resident_from_plan, _static, layer_counts
+    from moeslots.profiles.simulate import (CostModel, _reelect, _resident_from_plan, _static, choose_repick,
+                                            choose_repick_from, layer_counts, run_schedule)
+    from moeslots.profiles.trace import from_matrix
 
     for every in intervals:
         if every >= n_decode:
@@ -344,6 +353,10 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                 for every in intervals:
                     _restore(m, plan, plan0, pack_host, overlap)         # undo the last policy's swaps only
                     plan = plan0
+                    meta = {"n_expert": str(f.n_expert)}
+                    cur = (choose_repick(from_matrix(prof, moe, meta), s, cost, max_swaps=max_swaps,
+                                         margin=margin)[0] if every == AUTO else every)
+                    sched_of, held = [(0, cur)], plan0
                     ctx.reset()
                     ctx.decode(toks[:12], prompt=True)                     # rows 0..11: prompt
                     for t in toks[12:16]:                                 # rows 12..15: graphs, ring warm
@@ -351,14 +364,14 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                     stats_mod.reset(ctx.ptr)
                     b0 = stats_mod.weight_copy_bytes()
                     per, moved, swaps, since = [], 0, 0, 0
-                    for t in toks[16:16 + n_decode]:
+                    for i, t in enumerate(toks[16:16 + n_decode], 1):
                         t1 = time.perf_counter()
                         ctx.decode([t])
                         since += 1
                         if stager is not None:
                             plan, n_sw, n_b = stager.poll(plan)
                             swaps, moved = swaps + n_sw, moved + n_b
-                        if every and since >= every:
+                        if cur and since >= cur:
                             since = 0
                             if stager is None:
                                 plan, n_sw, n_b = cache.repick(m.ptr, plan, ctx.read_stats().ring, f.n_expert,
@@ -368,11 +381,21 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                                 stager.begin(cache.elect_swaps(plan, ctx.read_stats().ring, f.n_expert,
                                                                max_swaps=max_swaps, window=window, margin=margin))
                         per.append(time.perf_counter() - t1)
+                        if every == AUTO and i % auto_every == 0 and i < n_decode:
+                            n2 = choose_repick_from(from_matrix(P[:i], moe, meta), dict(held.layers), cost,
+                                                    last=auto_every, current=cur, max_swaps=max_swaps,
+                                                    margin=margin)[0]
+                            if n2 != cur:
+                                cur, since = n2, 0
+                                sched_of.append((i, n2))
+                            held = plan
                     if stager is not None:
                         stager.drain()                             # copies still in flight are dropped
                     st = ctx.read_stats()
                     sched = stats_mod.weight_copy_bytes() - b0
-                    if every:
+                    if every == AUTO:
+                        shr, sup = run_schedule(P, 0, initial, s, sched_of, window, max_swaps, margin)
+                    elif every:
                         shr, sup = _reelect(P, s, f.n_expert, every, window, initial,
                                             max_swaps=max_swaps, margin=margin)
                     else:
@@ -381,7 +404,8 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                     cpu = (1 - shr) * L * k
                     row = RepickRow(name, s, every, len(per) / sum(per), 1000 * statistics.median(per), st.hit_rate,
                                     moved / len(per) / 1e6, swaps, sched / len(per) / 1e6, shr,
-                                    sup * slab_mb, cost.ms_per_token(L * k - cpu, cpu, sup))
+                                    sup * slab_mb, cost.ms_per_token(L * k - cpu, cpu, sup),
+                                    " ".join(f"{t}:{n}" for t, n in sched_of) if every == AUTO else "")
                     rows.append(row)
                     log(render_repick_row(row))
     finally:
@@ -414,7 +438,7 @@ REPICK_HEADER = ("| routing | slots | policy | tok/s | ms/token | hit % | MB mov
 
 
 def render_repick_row(r: RepickRow) -> str:
-    pol = "static" if r.every == 0 else f"re-pick {r.every}"
+    pol = ("static" if r.every == 0 else f"auto ({r.decisions})" if r.every == AUTO else f"re-pick {r.every}")
     return (f"| {r.routing} | {r.slots} | {pol} | {r.decode_tok_s:.1f} | {r.ms_per_token_median:.2f} | "
             f"{100 * r.hit_rate:.1f} | {r.mb_moved_per_token:.2f} | {r.swaps} | {100 * r.sim_hit_rate:.1f} | "
             f"{r.sim_mb_per_token:.2f} | {r.sim_ms_per_token:.2f} |")

@@ -220,7 +220,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(f"cost model for the simulator: {'calibration of ' + cal.machine if cal else 'defaults (H200 box)'}")
         print(bench.REPICK_HEADER)
         try:
-            rrows, rinfo = bench.run_repick(Path(a.model), slots, _int_list(a.repick, "--repick"), routings,
+            intervals = [bench.AUTO if x.strip() == "auto" else x for x in a.repick.split(",") if x.strip()]
+            intervals = [x if x == bench.AUTO else _int_list(x, "--repick (numbers or auto)")[0] for x in intervals]
+            rrows, rinfo = bench.run_repick(Path(a.model), slots, intervals, routings,
                                             n_decode=a.n_decode, profile_rows=a.profile_rows, threads=a.threads,
                                             mmap=not a.no_mmap, pack_host=a.pack_host, max_swaps=a.max_swaps,
                                             cost=cost, overlap=a.overlap, log=print)
@@ -579,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="route through a recorded trace (CSV) or uniform random ids instead of the router")
     bn.add_argument("--mtp", metavar="D1,D2", help="instead: greedy tok/s with and without MTP at these draft lengths")
     bn.add_argument("--repick", metavar="N1,N2", help="instead: static (0) vs re-pick every N tokens under each "
-                    "--replay routing (comma-separated traces and/or 'uniform'), with the simulator's prediction")
+                    "--replay routing (comma-separated traces and/or 'uniform'), with the simulator's prediction; "
+                    "'auto': live --repick auto (chosen from the profile rows, then again every 256 decoded tokens)")
     bn.add_argument("--mtp-head", default="gpu", choices=["slots", "host", "gpu"],
                     help="--mtp: the NextN block's experts on the GPU (default, as the app), in the plan (slots), or "
                     "in host memory")

@@ -212,6 +212,20 @@ class Residency:
         return hits, uploads
 
 
+def run_schedule(P: np.ndarray, start: int, initial: np.ndarray, S: int, schedule: Sequence[tuple[int, int]],
+                 window: int = 64, max_swaps: int | None = None, margin: float = 0.0) -> tuple[float, float]:
+    """Tokens start.. of P under a schedule of (from token, interval) pairs, the first at `start` (live `--repick
+    auto` changes the interval as it goes); residents carry over. Returns (hit rate, uploads per token)."""
+    T, L, k = P.shape
+    r = Residency(initial, S, window, max_swaps, margin)
+    hits = uploads = 0
+    ends = [t for t, _ in schedule[1:]] + [T]
+    for (t, n), end in zip(schedule, ends, strict=True):
+        h, u = r.run(P, t, end, n)
+        hits, uploads = hits + h, uploads + u
+    return hits / ((T - start) * L * k), uploads / (T - start)
+
+
 def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
              max_swaps: int | None = None, margin: float = 0.0, start: int = 0) -> tuple[float, float]:
     """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule), over tokens

@@ -20,29 +20,19 @@ from moeslots.engine import bundled, replay
 from moeslots.engine.calibrate import Calibration
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.simulate import (REPICK_CHOICES, CostModel, Residency, _resident_from_plan, choose_repick,
-                                        choose_repick_from, layer_counts)
-from moeslots.profiles.trace import Trace
+                                        choose_repick_from, layer_counts, run_schedule)
+from moeslots.profiles.trace import from_matrix
 
 
-def as_trace(P: np.ndarray, layers: list[int], n_expert: int) -> Trace:
-    T, L, k = P.shape
-    return Trace(np.repeat(np.arange(T, dtype=np.int64), L), np.tile(np.array(layers, np.int32), T),
-                 P.reshape(T * L, k).astype(np.int32), {"n_expert": str(n_expert)})
+def as_trace(P: np.ndarray, layers: list[int], n_expert: int) -> "object":
+    return from_matrix(P, layers, {"n_expert": str(n_expert)})
 
 
-def session(P: np.ndarray, a: int, init: np.ndarray, S: int, plan_of: "list[tuple[int, int]]") -> tuple[int, int]:
-    """Tokens a.. of P under the (from token, interval) schedule `plan_of`; residents carry over."""
-    r = Residency(init, S, 64, 4, 0.25)
-    hits = ups = 0
-    bounds = [t for t, _ in plan_of] + [P.shape[0]]
-    for (t, n), end in zip(plan_of, bounds[1:]):
-        h, u = r.run(P, t, end, n)
-        hits, ups = hits + h, ups + u
-    return hits, ups
+def session(P: np.ndarray, a: int, init: np.ndarray, S: int, sched: "list[tuple[int, int]]") -> tuple[float, float]:
+    return run_schedule(P, a, init, S, sched, 64, 4, 0.25)
 
 
-def cell(hits: int, ups: int, T: int, L: int, k: int, cost: CostModel) -> tuple[str, float]:
-    hr, up = hits / (T * L * k), ups / T
+def cell(hr: float, up: float, L: int, k: int, cost: CostModel) -> tuple[str, float]:
     cpu = (1 - hr) * L * k
     ms = cost.ms_per_token(L * k - cpu, cpu, up)
     return f"{100 * hr:.1f} % / {up * cost.slab_mb:.1f} / {ms:.1f}", ms
@@ -81,7 +71,6 @@ def main() -> None:
             P = np.concatenate([other.ids[:a.profile_rows][:, col], P[a.profile_rows:]])
             routing = f"{routing} (profile: {'code' if routing == 'chat' else 'chat'})"
         p0 = a.profile_rows
-        T = P.shape[0] - p0
         prof = as_trace(P[:p0], moe, E)
         for S in (int(x) for x in a.slots.split(",")):
             plan = plan_from_counts(layer_counts(P[:p0], moe, E), S, moe)
@@ -103,8 +92,8 @@ def main() -> None:
             cells = {}
             for name, sch in (("static", [(p0, 0)]), ("every 16", [(p0, 16)]), ("load", [(p0, n_load)]),
                               ("live", sched)):
-                cells[name] = cell(*session(P, p0, init, S, sch), T, len(moe), k, cost)
-            best = min(((cell(*session(P, p0, init, S, [(p0, m)]), T, len(moe), k, cost), m)
+                cells[name] = cell(*session(P, p0, init, S, sch), len(moe), k, cost)
+            best = min(((cell(*session(P, p0, init, S, [(p0, m)]), len(moe), k, cost), m)
                         for m in REPICK_CHOICES), key=lambda x: x[0][1])
             decisions = " → ".join(f"{'static' if m == 0 else m}@{t - p0}" for t, m in sched)
             print(f"| {routing} | {S} | {cells['static'][0]} | {cells['every 16'][0]} | {cells['load'][0]} "

@@ -47,8 +47,8 @@ def main() -> None:
             facts.setdefault(key, f"{100 * r['hit_rate']:.1f} ({100 * r['sim_hit_rate']:.1f}) | {r['mb_moved_per_token']:.1f}")
     print("| routing | slots | policy | hit % (sim) | MB up/token | " + " | ".join(names) + " |")
     print("|---|---|---|---|---|" + "---|" * len(names))
-    for key in sorted(facts, key=lambda k: (k[0], k[1], k[2])):
-        pol = "static" if key[2] == 0 else f"re-pick {key[2]}"
+    for key in sorted(facts, key=lambda k: (k[0], k[1], k[2] if k[2] >= 0 else 1 << 30)):   # live auto last
+        pol = "static" if key[2] == 0 else "auto (live)" if key[2] < 0 else f"re-pick {key[2]}"
         print(f"| {key[0]} | {key[1]} | {pol} | {facts[key]} | "
               + " | ".join(cells.get((key, n), "—") for n in names) + " |")
 

@@ -86,3 +86,32 @@ def test_restore_puts_the_plan_back(tiny_qwen: Path) -> None:
         cache.swap(m.ptr, 1, 2, 4)
         bench._restore(m, SlotPlan({1: (8, 5, 4), 0: (1, 2, 3)}), plan0, True)
         assert cache.swap(m.ptr, 1, 0, 4) == 0 and cache.swap(m.ptr, 1, 2, 6) == 0
+
+
+def test_repick_bench_runs_live_auto_as_the_simulator_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --repick auto`: the interval chosen from the profile rows, then again every `auto_every` tokens;
+    the engine's hits equal the simulator's on the same schedule, and the switches are in the row."""
+    from moeslots.engine import bundled
+    from moeslots.profiles import simulate
+    from moeslots.profiles.simulate import CostModel
+
+    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
+    dear = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)
+
+    def run(cost: CostModel) -> tuple[bench.RepickRow, bench.RepickRow]:
+        rows, _ = bench.run_repick(bundled.model(), [8], [0, bench.AUTO], [str(bundled.profile("chat"))],
+                                   n_decode=48, profile_rows=256, threads=2, pack_host=True, window=8, cost=cost,
+                                   auto_every=16, log=lambda m: None)
+        static, auto = rows
+        assert auto.every == bench.AUTO and auto.hit_rate == pytest.approx(auto.sim_hit_rate, abs=1e-9)
+        return static, auto
+
+    static, auto = run(dear)                                 # uploads too dear: static throughout
+    assert auto.decisions == "0:0" and auto.swaps == 0 and auto.hit_rate == static.hit_rate
+    static, auto = run(cheap)                                # cheap: re-picks from the load-time decision on
+    assert auto.decisions.startswith("0:") and auto.decisions != "0:0" and auto.swaps > 0
+    # the load-time decision said static (a profile that did not see this drift): a live decision switches
+    monkeypatch.setattr(simulate, "choose_repick", lambda *a, **k: (0, "static (test)"))
+    static, auto = run(cheap)
+    assert auto.decisions.startswith("0:0 ") and auto.swaps > 0 and auto.hit_rate > static.hit_rate
+    assert f"| auto ({auto.decisions}) |" in bench.render_repick_row(auto)
