@@ -293,6 +293,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                n_decode: int = 256, profile_rows: int = 1024, threads: int | None = None, mmap: bool = True,
                pack_host: bool = False, max_swaps: int = 4, window: int = 64, margin: float = 0.25,
                cost: "object | None" = None, overlap: bool = False, auto_every: int = 256,
+               profile_from: str | None = None,
                log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
     """For each routing (a trace CSV, or "uniform"), replayed through the router: the static plan is the top-S of
     the first `profile_rows` rows (the profile); the timed decode replays the rows after them. Re-picks run
@@ -302,7 +303,8 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     (profiles.simulate._reelect; it applies swaps at once) under `cost`. Interval AUTO is live `--repick auto`:
     the interval chosen at load from the profile rows (choose_repick), then chosen again every `auto_every` tokens
     on the rows just decoded, from the plan held when they began (choose_repick_from, untimed, as the engine does
-    it between replies); the simulator runs the same schedule."""
+    it between replies); the simulator runs the same schedule. `profile_from` (a trace CSV): the profile rows come
+    from that trace instead of the replayed one — a chat that is not what its profile recorded."""
     from moeslots.engine import replay
     from moeslots.profiles.simulate import (CostModel, _reelect, _resident_from_plan, _static, choose_repick,
                                             choose_repick_from, layer_counts, run_schedule)
@@ -324,7 +326,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     info = {"model": str(model_path), "n_layer": f.n_layer, "n_expert": f.n_expert, "k": f.n_expert_used,
             "n_moe": len(moe), "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
             "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
-            "routings": {}}
+            "profile_from": profile_from, "routings": {}}
     rows: list[RepickRow] = []
     stager: "cache.Stager | None" = None
     try:
@@ -336,9 +338,17 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                 raise ValueError(f"{routing}: {full.n_rows} decode rows, the benchmark needs {need}")
             col = np.array([il % full.ids.shape[1] for il in moe])        # the patch's il % n_layer mapping
             prof = full.ids[:profile_rows][:, col]                         # [T, L, k] per model MoE layer
+            if profile_from:
+                other = replay.from_trace(Path(profile_from), f.n_expert, f.n_expert_used)
+                if other.n_rows < profile_rows or other.ids.shape[1] != full.ids.shape[1]:
+                    raise ValueError(f"{profile_from}: needs {profile_rows} rows of {full.ids.shape[1]} layers, has "
+                                     f"{other.n_rows} of {other.ids.shape[1]}")
+                prof = other.ids[:profile_rows][:, col]
             test = full.ids[profile_rows:profile_rows + n_decode + 16]
             replay.set_replay(ctx.ptr, replay.ReplayTable(test, full.source))
             name = "uniform" if routing == "uniform" else Path(routing).stem
+            if profile_from:
+                name += f" (profile: {Path(profile_from).stem})"
             info["routings"][name] = full.source
             counts = layer_counts(prof, moe, f.n_expert)
             P = test[16:16 + n_decode][:, col]                           # the timed decode rows

@@ -225,7 +225,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             rrows, rinfo = bench.run_repick(Path(a.model), slots, intervals, routings,
                                             n_decode=a.n_decode, profile_rows=a.profile_rows, threads=a.threads,
                                             mmap=not a.no_mmap, pack_host=a.pack_host, max_swaps=a.max_swaps,
-                                            cost=cost, overlap=a.overlap, log=print)
+                                            cost=cost, overlap=a.overlap, profile_from=a.profile_from, log=print)
         except ValueError as e:
             raise UserError(str(e)) from None
         for name, src in rinfo["routings"].items():
@@ -588,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "in host memory")
     bn.add_argument("--prompt-file", help="--mtp: a user turn (chat template) instead of random prompt tokens")
     bn.add_argument("--profile-rows", type=int, default=1024, help="--repick: trace rows that make the static plan")
+    bn.add_argument("--profile-from", metavar="TRACE", help="--repick: take those rows from this trace instead of the "
+                    "replayed one (a profile that does not match the chat)")
     bn.add_argument("--max-swaps", type=int, default=4, help="--repick: at most M swaps per layer per re-pick")
     bn.add_argument("--overlap", action="store_true", help="--repick: copies staged on a worker thread while "
                     "decoding, committed between steps (as the engine does), instead of synchronous swaps")

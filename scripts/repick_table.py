@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def main() -> None:
         for r in d["rows"]:
             if r["scheduler_mb_per_token"] > 0:
                 raise SystemExit(f"{path}: the scheduler copied weights ({r['scheduler_mb_per_token']} MB/token)")
-            key = (r["routing"].rsplit("-", 1)[-1], r["slots"], r["every"])
+            key = (re.sub(r"[\w.-]*-(\w+)", r"\1", r["routing"]), r["slots"], r["every"])   # "...-chat" -> chat
             n_moe = d["info"].get("n_moe") or a.moe_layers
             if not n_moe:
                 raise SystemExit(f"{path}: the JSON does not say how many MoE layers the model has: --moe-layers")

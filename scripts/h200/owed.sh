@@ -6,7 +6,8 @@
 #   STEPS="diag async heads" bash scripts/h200/owed.sh        # issue 7 table, issue 6 head placement
 #   STEPS="repick pinned overlap" bash scripts/h200/owed.sh   # issue 10
 # Measured in the second session of 2026-12-03: diag calib repick15 pinned heads (docs/benchmarks.md). Not yet:
-# STEPS="long" (re-pick 100/500 over 1,024 decode tokens: a 256-token run never reaches a 500-token re-pick).
+# STEPS="long" (re-pick 100/500 over 1,024 decode tokens: a 256-token run never reaches a 500-token re-pick),
+# STEPS="live" (live --repick auto, matched and mismatched profiles, 1,024 tokens; docs/benchmarks.md third session).
 # Steps: diag (the bundled model on CUDA, <=4-token batches), async (patch 0008 on/off: decode at 0/32/64/96
 # slots with a 512-token prompt, and with MTP), heads (where the NextN block's experts live: slots/host/gpu,
 # const head), repick (static vs re-pick, pageable uploads, code/chat/uniform), pinned (the same from pinned
@@ -83,6 +84,10 @@ pinned)   # code was measured 2026-12-03; chat at 64 pinned is the simulator's o
 repick15)  # re-pick 1/16 again after patch 0015 (no graph rebuild per re-pick) and the faster election
   run repick15-mmap 120 $M bench /tmp/mtp.gguf --repick 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --json $B/repick15-mmap.json
   run repick15-pinned 150 $M bench /tmp/mtp.gguf --repick 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --no-mmap --json $B/repick15-pinned.json ;;
+live)      # live --repick auto vs static and re-pick 16, pinned; the mismatched profile is where the simulator sees gains
+  run live-matched 200 $M bench /tmp/mtp.gguf --repick 0,16,auto --slots 32,64 --replay $P-chat.csv -n 1024 --threads 16 --no-mmap --json $B/repick-live-matched.json
+  run live-chat-code 200 $M bench /tmp/mtp.gguf --repick 0,16,auto --slots 32,64 --replay $P-chat.csv -n 1024 --threads 16 --no-mmap --profile-from $P-code.csv --json $B/repick-live-chat-code.json
+  run live-code-chat 200 $M bench /tmp/mtp.gguf --repick 0,16,auto --slots 32,64 --replay $P-code.csv -n 1024 --threads 16 --no-mmap --profile-from $P-chat.csv --json $B/repick-live-code-chat.json ;;
 long)      # re-pick 500 fires twice in 1,024 tokens (profile rows 1,024 + 1,040 replayed: both traces have them)
   run repick-long 300 $M bench /tmp/mtp.gguf --repick 0,100,500 --slots 32,64 --replay $P-chat.csv,$P-code.csv -n 1024 --threads 16 --no-mmap --json $B/repick-long.json ;;
 overlap)

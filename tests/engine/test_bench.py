@@ -115,3 +115,22 @@ def test_repick_bench_runs_live_auto_as_the_simulator_does(monkeypatch: pytest.M
     static, auto = run(cheap)
     assert auto.decisions.startswith("0:0 ") and auto.swaps > 0 and auto.hit_rate > static.hit_rate
     assert f"| auto ({auto.decisions}) |" in bench.render_repick_row(auto)
+
+
+def test_repick_bench_profile_from_another_trace(tmp_path: Path) -> None:
+    """`--profile-from`: the plan comes from another trace's rows (a profile that does not match the chat); the
+    replayed routing is the same, so hits drop, and the row says which profile it used."""
+    from moeslots.engine import bundled
+
+    kw = dict(n_decode=24, profile_rows=256, threads=2, pack_host=True, log=lambda m: None)
+    chat, code = str(bundled.profile("chat")), str(bundled.profile("code"))
+    (own,), _ = bench.run_repick(bundled.model(), [8], [0], [chat], **kw)
+    (other,), info = bench.run_repick(bundled.model(), [8], [0], [chat], profile_from=code, **kw)
+    assert other.routing == f"{Path(chat).stem} (profile: {Path(code).stem})" and info["profile_from"] == code
+    assert other.hit_rate == pytest.approx(other.sim_hit_rate, abs=1e-9) and other.hit_rate != own.hit_rate
+    short = tmp_path / "short.csv"
+    lines = Path(code).read_text().splitlines(keepends=True)
+    end = next(i for i, x in enumerate(lines) if x[0] not in "#p" and int(x.split(",")[0]) == 50)
+    short.write_text("".join(lines[:end]))                                   # the first recording's 50 tokens
+    with pytest.raises(ValueError, match="needs 256 rows"):
+        bench.run_repick(bundled.model(), [8], [0], [chat], profile_from=str(short), **kw)
