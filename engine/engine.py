@@ -466,7 +466,8 @@ class Engine:
         from moeslots.profiles.simulate import choose_repick_from
         from moeslots.profiles.trace import from_ring
 
-        ring = st.ring[st.ring[:, 0] >= 0]
+        # decode rows of the slot layers (not the NextN block's, whose experts never sit in slots)
+        ring = st.ring[(st.ring[:, 0] >= 0) & np.isin(st.ring[:, 1], list(mark[1].layers))]
         try:
             cost, _ = self.cost_model()
             n, why = choose_repick_from(from_ring(ring, {"n_expert": str(self.model.facts.n_expert)}),
