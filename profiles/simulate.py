@@ -341,14 +341,15 @@ def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: Co
     initial = _resident_from_plan({il: tuple(v) for il, v in plan.items()}, layers, n_expert)
     choices = [n for n in choices if n == 0 or n <= T // 2]
     return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain if current == 0 else 0.0,
-                    f"this session's last {T} tokens, from the plan they began with", start=start)
+                    f"this session's last {T} tokens, from the plan they began with", start=start, current=current)
 
 
 def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost: CostModel,
              choices: Sequence[int], max_swaps: int, margin: float, min_gain: float,
-             scored: str, start: int = 0) -> tuple[int, str]:
+             scored: str, start: int = 0, current: int = 0) -> tuple[int, str]:
     """Score static and every re-pick interval on P[start:] from the resident set `initial`, then decide
-    (choose_repick)."""
+    (choose_repick). While re-picking every `current` tokens, a `current` that ties static is kept: re-picking
+    that swapped nothing cost nothing, and it still follows the drift to come."""
     T, L, k = P.shape
     results = []
     for n in sorted(set(choices) | {0}):
@@ -362,6 +363,10 @@ def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost
     best = min((r for r in results if r[1] != 0), key=lambda r: (r[0], r[1]), default=static)
     ms, n, hr, up = best
     gain = 1 - ms / static[0] if static[0] > 0 else 0.0
+    tie = next((r for r in results if r[1] == current), None) if current else None
+    if tie is not None and gain <= 0 and tie[0] <= static[0]:
+        return current, (f"re-pick every {current} tokens kept: it ties static on these tokens ({100 * tie[2]:.0f} "
+                         f"% hits, est. {tie[0]:.2f} ms/token) ({scored})")
     if n == 0 or gain <= 0 or gain < min_gain:              # a tie is static: nothing to upload for
         extra = (f"the best re-pick (every {n}) would save {100 * gain:.1f} %, under {100 * min_gain:.0f} %"
                  if n and gain > 0 else f"re-picking would not pay back its uploads at {cost.pcie_gbps:.1f} GB/s "

@@ -265,3 +265,34 @@ def test_repick_auto_decides_again_on_the_chat_s_own_routing(tiny_glm: Path, tmp
 def _reply_text(e: Engine, ask: str) -> str:
     e.new_chat()
     return "".join(ev.text for ev in e.chat([Message("user", ask)]) if isinstance(ev, TextDelta))
+
+
+def test_repick_auto_live_with_mtp(tiny_glm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With MTP the ring also holds the NextN block's rows and verify batches: live auto scores the slot layers'
+    decode rows, switches, and the text is the same as with no re-picks."""
+    from moeslots.profiles.record import record
+    from moeslots.profiles.simulate import CostModel
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    prof = tmp_path / "prof.csv"
+    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
+    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
+    texts = []
+    for live in (0, 16):
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=True,
+                                max_tokens=40, repick_auto_every=live, repick_margin=0.0))
+        try:
+            assert e.mtp is not None
+            monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+            if live:
+                e.set_repick_auto(CostModel(pcie_gbps=1e-6))                     # static at load
+            texts.append([_reply_text(e, "tell me about the experts")])
+            if live:
+                snap = e.snapshot()
+                assert snap.repick_auto.startswith("auto @40 tokens, static -> re-pick") and snap.repick_every > 0
+            texts[-1].append(_reply_text(e, "and more"))
+            assert (e.snapshot().repicks > 0) == bool(live)
+        finally:
+            e.close()
+    assert texts[0] == texts[1]

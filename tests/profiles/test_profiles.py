@@ -283,3 +283,16 @@ def test_choose_repick_from_keeps_re_picking_for_a_small_gain() -> None:
     assert choose_repick_from(session, {0: (0, 1)}, small, last=256, current=16)[0] > 0
     # nothing to gain at all: stops even while re-picking
     assert choose_repick_from(session, {0: (2, 3)}, small, last=256, current=16)[0] == 0
+
+
+def test_choose_repick_from_keeps_an_interval_that_ties_static() -> None:
+    """Re-picking that swaps nothing costs nothing: while on, a tie keeps it (it still follows drift to come);
+    while off, a tie stays static."""
+    from moeslots.profiles.simulate import choose_repick_from
+
+    meta = {"n_expert": "16", "n_layer": "1"}
+    steady = _trace([[2, 3]] * 400, meta=meta)
+    bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=0.0)
+    n, why = choose_repick_from(steady, {0: (2, 3)}, bus, last=256, current=16)
+    assert n == 16 and "kept" in why
+    assert choose_repick_from(steady, {0: (2, 3)}, bus, last=256)[0] == 0
