@@ -178,13 +178,14 @@ def _lfu_decay(P: np.ndarray, S: int, n_expert: int, decay: float = 0.98) -> tup
 class Residency:
     """The engine's re-pick rule (plan.elect on the last `window` tokens' counts, at most `max_swaps` per layer,
     `margin`) as a simulation whose residents carry over from one `run` to the next: a session in which the
-    interval changes (live `--repick auto`) is simulated piece by piece."""
+    interval changes (live `--repick auto`) is simulated piece by piece. `decay` < 1 weighs a pick `decay**age`
+    tokens old (a what-if: the engine counts the window's picks alike, decay 1)."""
 
     def __init__(self, initial: np.ndarray, S: int, window: int = 64, max_swaps: int | None = None,
-                 margin: float = 0.0) -> None:
+                 margin: float = 0.0, decay: float = 1.0) -> None:
         self.resident = initial.copy()
         self.slots = [list(np.flatnonzero(initial[l]))[:S] for l in range(initial.shape[0])]   # fill to S
-        self.S, self.window, self.max_swaps, self.margin = S, window, max_swaps, margin
+        self.S, self.window, self.max_swaps, self.margin, self.decay = S, window, max_swaps, margin, decay
 
     def run(self, P: np.ndarray, a: int, b: int, K: int) -> tuple[int, int]:
         """Tokens a..b-1 of P with a re-pick every K tokens from a (K = 0: static); tokens before a are the
@@ -198,11 +199,12 @@ class Residency:
         for t0 in range(a, b, K or (b - a) or 1):
             if t0 > a and self.S > 0:
                 w = P[max(0, t0 - self.window):t0]
-                counts = np.zeros((L, n_expert), np.int64)
-                np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), 1)
+                weight = 1.0 if self.decay == 1.0 else np.broadcast_to(
+                    (self.decay ** np.arange(len(w) - 1, -1, -1))[:, None, None], w.shape).ravel()
+                counts = np.zeros((L, n_expert), np.float64)
+                np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), weight)
                 for l in range(L):
-                    for slot, e in elect(counts[l].astype(np.float64), self.slots[l], self.max_swaps or self.S,
-                                         self.margin):
+                    for slot, e in elect(counts[l], self.slots[l], self.max_swaps or self.S, self.margin):
                         self.resident[l, self.slots[l][slot]] = False
                         self.resident[l, e] = True
                         self.slots[l][slot] = e

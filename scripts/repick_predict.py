@@ -17,7 +17,7 @@ import numpy as np
 from moeslots.engine import bundled, replay
 from moeslots.engine.calibrate import Calibration
 from moeslots.profiles.plan import plan_from_counts
-from moeslots.profiles.simulate import _reelect, _resident_from_plan, _static, layer_counts
+from moeslots.profiles.simulate import Residency, _resident_from_plan, _static, layer_counts
 
 
 def main() -> None:
@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--profile-rows", type=int, default=1024)
     ap.add_argument("--pageable", action="store_true", help="uploads from pageable memory (mmap'ed model)")
+    ap.add_argument("--window", type=int, default=64, help="tokens whose picks elect the residents (engine: 64)")
+    ap.add_argument("--decay", type=float, default=1.0,
+                    help="weigh a pick decay**age within the window (a what-if; the engine counts alike: 1)")
     a = ap.parse_args()
     cal = Calibration(**next(iter(tomllib.loads(a.config.read_text())["calibration"].values())))
     cost = cal.cost_model(pinned=not a.pageable)
@@ -47,8 +50,11 @@ def main() -> None:
             init = _resident_from_plan(plan_from_counts(counts, s, moe), moe, E)
             cells = []
             for every in (int(x) for x in a.every.split(",")):
-                hr, up = (_reelect(P, s, E, every, 64, init, max_swaps=4, margin=0.25) if every
-                          else (_static(P, init)[0], 0.0))
+                if every:
+                    hits, ups = Residency(init, s, a.window, 4, 0.25, a.decay).run(P, 0, len(P), every)
+                    hr, up = hits / P.size, ups / len(P)
+                else:
+                    hr, up = _static(P, init)[0], 0.0
                 cpu = (1 - hr) * len(moe) * k
                 cells.append(f"{100 * hr:.1f} % / {up * cost.slab_mb:.1f} / "
                              f"{cost.ms_per_token(len(moe) * k - cpu, cpu, up):.1f}")

@@ -296,3 +296,17 @@ def test_choose_repick_from_keeps_an_interval_that_ties_static() -> None:
     n, why = choose_repick_from(steady, {0: (2, 3)}, bus, last=256, current=16)
     assert n == 16 and "kept" in why
     assert choose_repick_from(steady, {0: (2, 3)}, bus, last=256)[0] == 0
+
+
+def test_residency_decay_weighs_recent_picks() -> None:
+    """The what-if knob of the simulator: with decay 1 (the engine's rule) the window's picks count alike, so the
+    older but more frequent expert wins the slot; with decay < 1 the recent one does."""
+    from moeslots.profiles.simulate import Residency
+
+    P = np.array([[[0]]] * 10 + [[[1]]] * 9, np.int32)                 # [T, L=1, k=1]: ten 0s, then nine 1s
+    init = np.zeros((1, 4), bool)
+    init[0, 2] = True                                                    # one slot, holding expert 2
+    box = Residency(init, 1, window=18, max_swaps=1)
+    assert box.run(P, 17, 19, 1) == (0, 1) and box.slots == [[0]]      # re-pick at 18 on 0..17: ten 0s, eight 1s
+    recent = Residency(init, 1, window=18, max_swaps=1, decay=0.8)
+    assert recent.run(P, 17, 19, 1) == (1, 1) and recent.slots == [[1]]  # the 1s are the recent ones: token 18 hits
