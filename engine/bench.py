@@ -292,7 +292,7 @@ AUTO = -1                            # run_repick's interval for live `--repick 
 def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence[int], routings: Sequence[str], *,
                n_decode: int = 256, profile_rows: int = 1024, threads: int | None = None, mmap: bool = True,
                pack_host: bool = False, max_swaps: int = 4, window: int = 64, margin: float = 0.25,
-               cost: "object | None" = None, overlap: bool = False, auto_every: int = 256,
+               cost: "object | None" = None, overlap: bool = False, auto_every: int | None = None,
                profile_from: str | None = None,
                log: Callable[[str], None] = print) -> tuple[list[RepickRow], dict]:
     """For each routing (a trace CSV, or "uniform"), replayed through the router: the static plan is the top-S of
@@ -306,10 +306,12 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     it between replies); the simulator runs the same schedule. `profile_from` (a trace CSV): the profile rows come
     from that trace instead of the replayed one — a chat that is not what its profile recorded."""
     from moeslots.engine import replay
+    from moeslots.engine.engine import AUTO_EVERY
     from moeslots.profiles.simulate import (CostModel, _reelect, _resident_from_plan, _static, choose_repick,
                                             choose_repick_from, layer_counts, run_schedule)
     from moeslots.profiles.trace import from_matrix
 
+    auto_every = auto_every or AUTO_EVERY
     for every in intervals:
         if every >= n_decode:
             log(f"note: re-pick {every} never fires in {n_decode} decode tokens (its row measures static again); "

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from moeslots.profiles.trace import Trace
 
 
+AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens of the chat: the intervals it can
+                   # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
+                   # (every 64 flapped, every 512 reacted late in simulation: docs/benchmarks.md, third session)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     model: Path
@@ -418,12 +423,12 @@ class Engine:
         token. A choice made here (auto=False) ends `--repick auto`'s live decisions. Returns a line for the user."""
         if every < 0:
             raise EngineError("re-pick interval must be >= 0")
-        self.cfg = dataclasses.replace(self.cfg, repick_every=every,
-                                       repick_swaps=self.cfg.repick_swaps if swaps is None else swaps)
-        self._since_repick = 0
-        was_auto = bool(self._auto_line)
-        if not auto:
-            with self._lock:
+        with self._lock:                          # the app's thread (F3) and the generating one (live auto)
+            self.cfg = dataclasses.replace(self.cfg, repick_every=every,
+                                           repick_swaps=self.cfg.repick_swaps if swaps is None else swaps)
+            self._since_repick = 0
+            was_auto = bool(self._auto_line)
+            if not auto:
                 self._auto_mark, self._auto_line = None, ""
         return ((f"re-pick every {every} tokens, at most {self.cfg.repick_swaps} swaps per layer" if every
                  else "static residency (no re-picks)") + (" (re-pick auto off)" if was_auto and not auto else ""))
@@ -468,17 +473,19 @@ class Engine:
 
         # decode rows of the slot layers (not the NextN block's, whose experts never sit in slots)
         ring = st.ring[(st.ring[:, 0] >= 0) & np.isin(st.ring[:, 1], list(mark[1].layers))]
+        was = self.cfg.repick_every
         try:
             cost, _ = self.cost_model()
             n, why = choose_repick_from(from_ring(ring, {"n_expert": str(self.model.facts.n_expert)}),
-                                        mark[1].layers, cost, last=n_dec - mark[0], current=self.cfg.repick_every,
+                                        mark[1].layers, cost, last=n_dec - mark[0], current=was, whole=True,
                                         max_swaps=self.cfg.repick_swaps, margin=self.cfg.repick_margin)
-        except ValueError:                      # TraceError included: too few rows in the ring
-            return
-        was = self.cfg.repick_every
-        if n != was:
-            self.set_repick(n, auto=True)
+        except Exception as e:  # noqa: BLE001 - a short ring, a calibration edited mid-chat: never end the reply
+            n, why = was, f"kept ({e}); decides again on the next {every} tokens"
         with self._lock:
+            if self._auto_mark is not mark:
+                return                          # F3 or a slot change while deciding: the user's choice stands
+            if n != was:
+                self.set_repick(n, auto=True)
             self._auto_mark = (n_dec, self._plan)
             self._auto_line = (f"auto @{n_dec} tokens: {why}" if n == was
                                else f"auto @{n_dec} tokens, {'static' if not was else f'every {was}'} -> {why}")

@@ -181,6 +181,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from moeslots.engine import bench, native
 
     native.require_patched()
+    intervals: list[int] = []
+    if a.repick:
+        words = [x.strip() for x in a.repick.split(",") if x.strip()]
+        if not all(x == "auto" or x.isdigit() for x in words):
+            raise UserError(f"--repick takes intervals >= 0 (0: static) or auto, not {a.repick!r}")
+        intervals = [bench.AUTO if x == "auto" else int(x) for x in words]
     from moeslots.engine import cache as cache_mod
 
     cache_mod.set_async(a.async_cpu)
@@ -220,8 +226,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(f"cost model for the simulator: {'calibration of ' + cal.machine if cal else 'defaults (H200 box)'}")
         print(bench.REPICK_HEADER)
         try:
-            intervals = [bench.AUTO if x.strip() == "auto" else x for x in a.repick.split(",") if x.strip()]
-            intervals = [x if x == bench.AUTO else _int_list(x, "--repick (numbers or auto)")[0] for x in intervals]
             rrows, rinfo = bench.run_repick(Path(a.model), slots, intervals, routings,
                                             n_decode=a.n_decode, profile_rows=a.profile_rows, threads=a.threads,
                                             mmap=not a.no_mmap, pack_host=a.pack_host, max_swaps=a.max_swaps,
@@ -387,10 +391,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return cmd_generate(ns)
 
 
-AUTO_EVERY = 256   # --repick auto decides again after this many decode tokens of the chat: the intervals it can
-                   # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
-
-
 def _parse_repick(v: str | None) -> tuple[int, int]:
     if not v or v == "auto":
         return 0, 4
@@ -404,7 +404,7 @@ def _parse_repick(v: str | None) -> tuple[int, int]:
 def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
                  ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool = True) -> "object":
     from moeslots.engine import native
-    from moeslots.engine.engine import Engine, EngineConfig
+    from moeslots.engine.engine import AUTO_EVERY, Engine, EngineConfig
 
     native.require_patched()
     if slots is None:

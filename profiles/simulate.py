@@ -190,40 +190,51 @@ class Residency:
     def run(self, P: np.ndarray, a: int, b: int, K: int) -> tuple[int, int]:
         """Tokens a..b-1 of P with a re-pick every K tokens from a (K = 0: static); tokens before a are the
         history the first re-pick's window sees (the engine's ring). Returns (picks served, slabs uploaded)."""
-        from moeslots.profiles.plan import elect
-
-        L = P.shape[1]
-        n_expert = self.resident.shape[1]
-        rows = np.arange(L)
+        rows = np.arange(P.shape[1])
         hits = uploads = 0
         for t0 in range(a, b, K or (b - a) or 1):
-            if t0 > a and self.S > 0:
-                w = P[max(0, t0 - self.window):t0]
-                weight = 1.0 if self.decay == 1.0 else np.broadcast_to(
-                    (self.decay ** np.arange(len(w) - 1, -1, -1))[:, None, None], w.shape).ravel()
-                counts = np.zeros((L, n_expert), np.float64)
-                np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), weight)
-                for l in range(L):
-                    for slot, e in elect(counts[l], self.slots[l], self.max_swaps or self.S, self.margin):
-                        self.resident[l, self.slots[l][slot]] = False
-                        self.resident[l, e] = True
-                        self.slots[l][slot] = e
-                        uploads += 1
+            if t0 > a:
+                uploads += self.repick(P, t0)
             chunk = P[t0:min(b, t0 + K) if K else b]
             hits += int(self.resident[rows[None, :, None], chunk].sum())
         return hits, uploads
+
+    def repick(self, P: np.ndarray, t0: int) -> int:
+        """One re-pick before token t0, from the `window` tokens before it. Returns the slabs uploaded."""
+        from moeslots.profiles.plan import elect
+
+        if self.S <= 0:
+            return 0
+        L, n_expert = P.shape[1], self.resident.shape[1]
+        rows = np.arange(L)
+        w = P[max(0, t0 - self.window):t0]
+        weight = 1.0 if self.decay == 1.0 else np.broadcast_to(
+            (self.decay ** np.arange(len(w) - 1, -1, -1))[:, None, None], w.shape).ravel()
+        counts = np.zeros((L, n_expert), np.float64)
+        np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), weight)
+        uploads = 0
+        for l in range(L):
+            for slot, e in elect(counts[l], self.slots[l], self.max_swaps or self.S, self.margin):
+                self.resident[l, self.slots[l][slot]] = False
+                self.resident[l, e] = True
+                self.slots[l][slot] = e
+                uploads += 1
+        return uploads
 
 
 def run_schedule(P: np.ndarray, start: int, initial: np.ndarray, S: int, schedule: Sequence[tuple[int, int]],
                  window: int = 64, max_swaps: int | None = None, margin: float = 0.0) -> tuple[float, float]:
     """Tokens start.. of P under a schedule of (from token, interval) pairs, the first at `start` (live `--repick
-    auto` changes the interval as it goes); residents carry over. Returns (hit rate, uploads per token)."""
+    auto` changes the interval as it goes); residents carry over. As in the engine, a re-pick that falls due on
+    the token where the interval changes is done before the change. Returns (hit rate, uploads per token)."""
     T, L, k = P.shape
     r = Residency(initial, S, window, max_swaps, margin)
     hits = uploads = 0
     ends = [t for t, _ in schedule[1:]] + [T]
     for (t, n), end in zip(schedule, ends, strict=True):
         h, u = r.run(P, t, end, n)
+        if n and end < T and end > t and (end - t) % n == 0:
+            u += r.repick(P, end)                     # due on the switch token: the engine does it first
         hits, uploads = hits + h, uploads + u
     return hits / ((T - start) * L * k), uploads / (T - start)
 
@@ -323,8 +334,9 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
 
 
 def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
-                       last: int | None = None, current: int = 0, max_swaps: int = 4, margin: float = 0.25,
-                       choices: Sequence[int] = REPICK_CHOICES, min_gain: float = 0.05) -> tuple[int, str]:
+                       last: int | None = None, current: int = 0, whole: bool = False, max_swaps: int = 4,
+                       margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
+                       min_gain: float = 0.05) -> tuple[int, str]:
     """choose_repick for a session in progress (`--repick auto` re-decides as the chat goes on): static is the
     resident `plan` the app held when the last `last` decode tokens of `trace` began; every interval starts from it
     and is scored on those tokens. They came after the plan was fixed, so the score is out of sample, and it sees
@@ -333,9 +345,12 @@ def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: Co
     needs an estimated `min_gain`; while re-picking (`current` > 0) any estimated gain keeps it on. Stopping
     freezes a set elected from the last 64 tokens, which is a worse static set than a profile's: over the bundled
     chat trace at 64 slots, leaving re-pick 16 for gains under 5 % left live auto behind plain static
-    (scripts/live_auto_sim.py)."""
+    (scripts/live_auto_sim.py). whole=True: the trace must hold all `last` tokens, else ValueError (with fewer,
+    the scored tokens would not begin where `plan` was held: a long prompt can push decode rows out of the ring)."""
     cost = cost or CostModel()
     layers, P = token_matrix(trace)
+    if whole and last is not None and P.shape[0] < last:
+        raise TraceError(f"the routing ring holds {P.shape[0]} of the last {last} decode tokens")
     start = max(0, P.shape[0] - last) if last is not None else 0      # earlier tokens: the first window's history
     n_expert = max([trace.n_expert, int(P.max()) + 1] + [max(v, default=-1) + 1 for v in plan.values()])
     T = P.shape[0] - start

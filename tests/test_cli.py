@@ -122,3 +122,9 @@ def test_a_missing_bundled_model_is_one_clear_line(monkeypatch: pytest.MonkeyPat
         assert cli.main(cmd) == 2
         err = capsys.readouterr().err
         assert "the bundled model is missing" in err and "Traceback" not in err
+
+
+def test_bench_repick_intervals_are_checked(tiny_glm: Path) -> None:
+    """`bench --repick` takes intervals >= 0 or auto: -1 (the bench's internal code for auto) is refused too."""
+    for bad in ("0,-1", "0,x", "16,-5"):
+        _one_line_error(run("bench", str(tiny_glm), "--repick", bad, "--slots", "4"), "--repick takes", bad)

@@ -296,3 +296,58 @@ def test_repick_auto_live_with_mtp(tiny_glm: Path, tmp_path: Path, monkeypatch: 
         finally:
             e.close()
     assert texts[0] == texts[1]
+
+
+def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live auto never ends a reply or overrides the user: a ring too short for the tokens to score, a cost model
+    that raises (a calibration edited mid-chat), or F3 pressed while it decides."""
+    from moeslots.engine.engine import Done
+    from moeslots.profiles import simulate
+    from moeslots.profiles.record import record
+    from moeslots.profiles.simulate import CostModel
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    prof = tmp_path / "prof.csv"
+    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
+    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
+
+    def engine(**kw: object) -> Engine:
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=False,
+                                max_tokens=40, repick_auto_every=16, repick_margin=0.0, **kw))
+        monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+        e.set_repick_auto(CostModel(pcie_gbps=1e-6))                   # static at load
+        return e
+
+    def reply(e: Engine) -> Done:
+        e.new_chat()
+        return [ev for ev in e.chat([Message("user", "tell me about the experts")]) if isinstance(ev, Done)][0]
+
+    e = engine(stats_ring=2 * 10)                      # 10 tokens of the 2 MoE layers' rows: 40 to score
+    try:
+        assert reply(e).stats.tokens == 40
+        snap = e.snapshot()
+        assert snap.repick_every == 0 and "kept (the routing ring holds" in snap.repick_auto
+    finally:
+        e.close()
+    e = engine()
+    try:
+        def broken() -> tuple[CostModel, str]:
+            raise TypeError("unsupported operand type(s) for /: 'float' and 'str'")
+        monkeypatch.setattr(e, "cost_model", broken)
+        assert reply(e).stats.tokens == 40                                # the reply ends normally
+        assert "kept (unsupported operand" in e.snapshot().repick_auto
+        monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+        real = simulate.choose_repick_from
+
+        def f3_meanwhile(*a: object, **k: object) -> tuple[int, str]:
+            out = real(*a, **k)
+            e.set_repick(0)                                               # F3 on the app's thread, mid-decision
+            return out
+
+        monkeypatch.setattr(simulate, "choose_repick_from", f3_meanwhile)
+        reply(e)
+        snap = e.snapshot()
+        assert snap.repick_every == 0 and snap.repick_auto == ""          # the user's choice stands
+    finally:
+        e.close()
