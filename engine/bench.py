@@ -307,9 +307,8 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     from that trace instead of the replayed one — a chat that is not what its profile recorded."""
     from moeslots.engine import replay
     from moeslots.engine.engine import AUTO_EVERY
-    from moeslots.profiles.simulate import (CostModel, _reelect, _resident_from_plan, _static, choose_repick,
+    from moeslots.profiles.simulate import (CostModel, Picks, _reelect, _resident_from_plan, _static, choose_repick,
                                             choose_repick_from, layer_counts, run_schedule)
-    from moeslots.profiles.trace import from_matrix
 
     auto_every = auto_every or AUTO_EVERY
     for every in intervals:
@@ -338,14 +337,14 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
             need = profile_rows + n_decode + 16
             if full.n_rows < need:
                 raise ValueError(f"{routing}: {full.n_rows} decode rows, the benchmark needs {need}")
-            col = np.array([il % full.ids.shape[1] for il in moe])        # the patch's il % n_layer mapping
-            prof = full.ids[:profile_rows][:, col]                         # [T, L, k] per model MoE layer
+            picks = full.per_layer(moe)                                    # [rows, L, k] per model MoE layer
+            prof = picks[:profile_rows]
             if profile_from:
                 other = replay.from_trace(Path(profile_from), f.n_expert, f.n_expert_used)
                 if other.n_rows < profile_rows or other.ids.shape[1] != full.ids.shape[1]:
                     raise ValueError(f"{profile_from}: needs {profile_rows} rows of {full.ids.shape[1]} layers, has "
                                      f"{other.n_rows} of {other.ids.shape[1]}")
-                prof = other.ids[:profile_rows][:, col]
+                prof = other.per_layer(moe)[:profile_rows]
             test = full.ids[profile_rows:profile_rows + n_decode + 16]
             replay.set_replay(ctx.ptr, replay.ReplayTable(test, full.source))
             name = "uniform" if routing == "uniform" else Path(routing).stem
@@ -353,7 +352,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                 name += f" (profile: {Path(profile_from).stem})"
             info["routings"][name] = full.source
             counts = layer_counts(prof, moe, f.n_expert)
-            P = test[16:16 + n_decode][:, col]                           # the timed decode rows
+            P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
             for s in slot_counts:
                 plan0 = SlotPlan(plan_from_counts(counts, s, moe))
                 initial = _resident_from_plan(dict(plan0.layers), moe, f.n_expert)
@@ -365,8 +364,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                 for every in intervals:
                     _restore(m, plan, plan0, pack_host, overlap)         # undo the last policy's swaps only
                     plan = plan0
-                    meta = {"n_expert": str(f.n_expert)}
-                    cur = (choose_repick(from_matrix(prof, moe, meta), s, cost, max_swaps=max_swaps,
+                    cur = (choose_repick(Picks(prof, moe, f.n_expert), s, cost, max_swaps=max_swaps,
                                          margin=margin)[0] if every == AUTO else every)
                     sched_of, held = [(0, cur)], plan0
                     ctx.reset()
@@ -394,7 +392,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
                                                                max_swaps=max_swaps, window=window, margin=margin))
                         per.append(time.perf_counter() - t1)
                         if every == AUTO and i % auto_every == 0 and i < n_decode:
-                            n2 = choose_repick_from(from_matrix(P[:i], moe, meta), dict(held.layers), cost,
+                            n2 = choose_repick_from(Picks(P[:i], moe, f.n_expert), dict(held.layers), cost,
                                                     last=auto_every, current=cur, max_swaps=max_swaps,
                                                     margin=margin)[0]
                             if n2 != cur:

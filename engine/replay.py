@@ -23,6 +23,11 @@ class ReplayTable:
     def n_rows(self) -> int:
         return int(self.ids.shape[0])
 
+    def per_layer(self, layers: "list[int]") -> np.ndarray:
+        """ids [n_rows, len(layers), k] as the engine replays them: model layer il takes column il % n_columns
+        (patch 0010's mapping, so a trace of fewer layers covers a deeper model)."""
+        return self.ids[:, [il % self.ids.shape[1] for il in layers]]
+
 
 def uniform(n_rows: int, n_layer: int, n_expert: int, k: int, seed: int = 0) -> ReplayTable:
     """k distinct experts per (row, layer), uniformly at random: no locality at all."""

@@ -179,24 +179,33 @@ class Residency:
     """The engine's re-pick rule (plan.elect on the last `window` tokens' counts, at most `max_swaps` per layer,
     `margin`) as a simulation whose residents carry over from one `run` to the next: a session in which the
     interval changes (live `--repick auto`) is simulated piece by piece. `decay` < 1 weighs a pick `decay**age`
-    tokens old (a what-if: the engine counts the window's picks alike, decay 1)."""
+    tokens old (a what-if: the engine counts the window's picks alike, decay 1). `since` counts the tokens since
+    the last re-pick, as the engine does; set it to 0 where the interval changes (the engine's set_repick)."""
 
     def __init__(self, initial: np.ndarray, S: int, window: int = 64, max_swaps: int | None = None,
                  margin: float = 0.0, decay: float = 1.0) -> None:
         self.resident = initial.copy()
         self.slots = [list(np.flatnonzero(initial[l]))[:S] for l in range(initial.shape[0])]   # fill to S
         self.S, self.window, self.max_swaps, self.margin, self.decay = S, window, max_swaps, margin, decay
+        self.since = 0
 
-    def run(self, P: np.ndarray, a: int, b: int, K: int) -> tuple[int, int]:
-        """Tokens a..b-1 of P with a re-pick every K tokens from a (K = 0: static); tokens before a are the
-        history the first re-pick's window sees (the engine's ring). Returns (picks served, slabs uploaded)."""
+    def advance(self, P: np.ndarray, a: int, b: int, K: int) -> tuple[int, int]:
+        """Tokens a..b-1 of P as the engine steps them: after each K-th token since the last re-pick (K = 0:
+        never), a re-pick from the `window` tokens before the next one — also after token b-1, unless it is P's
+        last. Tokens before a are the first window's history (the engine's ring). Returns (picks served, slabs
+        uploaded)."""
         rows = np.arange(P.shape[1])
         hits = uploads = 0
-        for t0 in range(a, b, K or (b - a) or 1):
-            if t0 > a:
-                uploads += self.repick(P, t0)
-            chunk = P[t0:min(b, t0 + K) if K else b]
-            hits += int(self.resident[rows[None, :, None], chunk].sum())
+        t = a
+        while t < b:
+            stop = min(b, t + K - self.since) if K else b
+            hits += int(self.resident[rows[None, :, None], P[t:stop]].sum())
+            self.since += stop - t
+            t = stop
+            if K and self.since >= K:
+                self.since = 0
+                if t < len(P):
+                    uploads += self.repick(P, t)
         return hits, uploads
 
     def repick(self, P: np.ndarray, t0: int) -> int:
@@ -232,9 +241,8 @@ def run_schedule(P: np.ndarray, start: int, initial: np.ndarray, S: int, schedul
     hits = uploads = 0
     ends = [t for t, _ in schedule[1:]] + [T]
     for (t, n), end in zip(schedule, ends, strict=True):
-        h, u = r.run(P, t, end, n)
-        if n and end < T and end > t and (end - t) % n == 0:
-            u += r.repick(P, end)                     # due on the switch token: the engine does it first
+        r.since = 0                                   # a new interval counts from here (the engine's set_repick)
+        h, u = r.advance(P, t, end, n)
         hits, uploads = hits + h, uploads + u
     return hits / ((T - start) * L * k), uploads / (T - start)
 
@@ -244,7 +252,7 @@ def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial:
     """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule), over tokens
     start.. of P (the earlier ones are the first window's history). Returns (hit rate, uploads per token)."""
     T, L, k = P.shape
-    hits, uploads = Residency(initial, S, window, max_swaps, margin).run(P, start, T, K)
+    hits, uploads = Residency(initial, S, window, max_swaps, margin).advance(P, start, T, K)
     return hits / ((T - start) * L * k), uploads / (T - start)
 
 
@@ -307,7 +315,23 @@ def distinct_per_batch(test: Trace, slots: int, *, train: Trace | None = None,
 REPICK_CHOICES = (0, 1, 16, 100, 500)
 
 
-def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
+@dataclasses.dataclass(frozen=True)
+class Picks:
+    """Decode picks already as a token matrix: P [tokens, len(layers), k], column j = model layer layers[j] (what
+    token_matrix makes of a trace). The choosers take one where a caller holds the matrix (the bench, scripts)."""
+    P: np.ndarray
+    layers: list[int]
+    n_expert: int
+
+
+def _picks(t: "Trace | Picks") -> Picks:
+    if isinstance(t, Picks):
+        return t
+    layers, P = token_matrix(t)
+    return Picks(P, layers, max(t.n_expert, int(P.max()) + 1))
+
+
+def choose_repick(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
                   margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
                   holdout: float = 0.5, min_gain: float = 0.05) -> tuple[int, str]:
     """The re-pick interval (0 = static) with the lowest estimated ms/token under this cost model, simulated with
@@ -320,8 +344,8 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     -10 to +29 % off its ms/token on the H200 box, docs/benchmarks.md) and re-picking moves bytes for them.
     Deterministic for a given trace, slots and cost. Returns (N, one line saying why)."""
     cost = cost or CostModel()
-    layers, P = token_matrix(trace)
-    n_expert = max(trace.n_expert, int(P.max()) + 1)
+    pk = _picks(trace)
+    P, layers, n_expert = pk.P, pk.layers, pk.n_expert
     T = P.shape[0]
     cut = int(round(T * (1 - holdout)))
     split = 0 < holdout < 1 and min(cut, T - cut) >= 128
@@ -333,7 +357,7 @@ def choose_repick(trace: Trace, slots: int, cost: CostModel | None = None, *, ma
     return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain, scored)
 
 
-def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
+def choose_repick_from(trace: "Trace | Picks", plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
                        last: int | None = None, current: int = 0, whole: bool = False, max_swaps: int = 4,
                        margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
                        min_gain: float = 0.05) -> tuple[int, str]:
@@ -348,11 +372,12 @@ def choose_repick_from(trace: Trace, plan: Mapping[int, Sequence[int]], cost: Co
     (scripts/live_auto_sim.py). whole=True: the trace must hold all `last` tokens, else ValueError (with fewer,
     the scored tokens would not begin where `plan` was held: a long prompt can push decode rows out of the ring)."""
     cost = cost or CostModel()
-    layers, P = token_matrix(trace)
+    pk = _picks(trace)
+    P, layers = pk.P, pk.layers
     if whole and last is not None and P.shape[0] < last:
         raise TraceError(f"the routing ring holds {P.shape[0]} of the last {last} decode tokens")
     start = max(0, P.shape[0] - last) if last is not None else 0      # earlier tokens: the first window's history
-    n_expert = max([trace.n_expert, int(P.max()) + 1] + [max(v, default=-1) + 1 for v in plan.values()])
+    n_expert = max([pk.n_expert] + [max(v, default=-1) + 1 for v in plan.values()])
     T = P.shape[0] - start
     slots = max((len(v) for v in plan.values()), default=0)
     initial = _resident_from_plan({il: tuple(v) for il, v in plan.items()}, layers, n_expert)

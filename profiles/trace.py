@@ -12,7 +12,7 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -75,13 +75,6 @@ def from_ring(rows: np.ndarray, meta: Mapping[str, str] | None = None) -> Trace:
     """A trace from the engine's routing ring rows [pos, layer, id0..] (prompt rows already negative)."""
     return Trace(rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int32), rows[:, 2:].astype(np.int32),
                  dict(meta or {}))
-
-
-def from_matrix(P: np.ndarray, layers: Sequence[int], meta: Mapping[str, str] | None = None) -> Trace:
-    """A decode trace from a [tokens, layers, k] pick matrix (positions 0..T-1; simulate.token_matrix's inverse)."""
-    T, L, k = P.shape
-    return Trace(np.repeat(np.arange(T, dtype=np.int64), L), np.tile(np.asarray(layers, np.int32), T),
-                 P.reshape(T * L, k).astype(np.int32), dict(meta or {}))
 
 
 def empty(k: int, meta: Mapping[str, str] | None = None) -> Trace:

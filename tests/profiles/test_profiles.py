@@ -307,6 +307,6 @@ def test_residency_decay_weighs_recent_picks() -> None:
     init = np.zeros((1, 4), bool)
     init[0, 2] = True                                                    # one slot, holding expert 2
     box = Residency(init, 1, window=18, max_swaps=1)
-    assert box.run(P, 17, 19, 1) == (0, 1) and box.slots == [[0]]      # re-pick at 18 on 0..17: ten 0s, eight 1s
+    assert box.advance(P, 17, 19, 1) == (0, 1) and box.slots == [[0]]      # re-pick at 18 on 0..17: ten 0s, eight 1s
     recent = Residency(init, 1, window=18, max_swaps=1, decay=0.8)
-    assert recent.run(P, 17, 19, 1) == (1, 1) and recent.slots == [[1]]  # the 1s are the recent ones: token 18 hits
+    assert recent.advance(P, 17, 19, 1) == (1, 1) and recent.slots == [[1]]  # the 1s are the recent ones: token 18 hits
