@@ -452,13 +452,12 @@ class Engine:
             raise EngineError(f"--repick auto: {e}") from None
         self.set_repick(n, auto=True)
         line = f"{why} [{source}]"
+        live = self.cfg.repick_auto_every > 0
         with self._lock:
             self._auto_line = f"auto: {line}"
-            if self.cfg.repick_auto_every > 0:
-                self._auto_mark = (self._decode_tokens, self._plan)
-        if self.cfg.repick_auto_every > 0:
-            line += f"; decided again every {self.cfg.repick_auto_every} tokens from this chat's own routing"
-        return line
+            self._auto_mark = (self._decode_tokens, self._plan) if live else None
+        return line + (f"; decided again every {self.cfg.repick_auto_every} tokens from this chat's own routing"
+                       if live else "")
 
     def _maybe_redecide(self, st: "stats_mod.RoutingStats", n_dec: int) -> None:
         """Live `--repick auto` (cfg.repick_auto_every > 0), after a reply: once that many decode tokens have passed

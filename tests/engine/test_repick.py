@@ -13,7 +13,23 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.profiles.plan import elect
+from moeslots.profiles.simulate import CostModel
 from test_cache import decode_steps
+
+
+CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)   # re-picking pays
+DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)   # uploads never pay
+
+
+@pytest.fixture(scope="module")
+def prof(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A routing profile of the tiny GLM (64 sampled decode tokens), recorded once for the auto tests."""
+    from moeslots.profiles.record import record
+
+    d = tmp_path_factory.mktemp("prof")
+    (d / "p.txt").write_text("hello")
+    record(tiny_glm, [d / "p.txt"], d / "prof.csv", n_decode=64, threads=2, temperature=1.0)
+    return d / "prof.csv"
 
 
 def test_elect_rule() -> None:
@@ -104,13 +120,8 @@ def test_set_repick_turns_it_on_and_off(tiny_glm: Path) -> None:
         e.close()
 
 
-def test_repick_auto_from_the_profile(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.profiles.record import record
+def test_repick_auto_from_the_profile(tiny_glm: Path, prof: Path) -> None:
 
-    prompt = tmp_path / "p.txt"
-    prompt.write_text("hello")
-    prof = tmp_path / "prof.csv"
-    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=4, profile=prof, mtp=False))
     try:
         why = e.set_repick_auto()
@@ -218,29 +229,20 @@ def test_swaps_and_commits_keep_the_graph_and_the_stats_follow_them(tiny_qwen: P
                 assert int(after.misses[lay] - before.misses[lay]) == len(ids) - hits
 
 
-def test_repick_auto_decides_again_on_the_chat_s_own_routing(tiny_glm: Path, tmp_path: Path,
+def test_repick_auto_decides_again_on_the_chat_s_own_routing(tiny_glm: Path, prof: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """`--repick auto` (repick_auto_every > 0): the load-time decision (static under dear uploads) is taken again
     after enough decode tokens, on those tokens, from the plan held when they began; with uploads this machine
     makes cheap it switches re-picking on, says so in the snapshot, and the text stays the static cache's. A
     choice by hand (F3) ends the live decisions."""
-    from moeslots.profiles.record import record
-    from moeslots.profiles.simulate import CostModel
-
-    prompt = tmp_path / "p.txt"
-    prompt.write_text("hello")
-    prof = tmp_path / "prof.csv"
-    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
     asks = ["tell me about the experts", "and more"]
-    dear = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)
-    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
     texts = []
     for live in (0, 16):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=False,
                                 max_tokens=40, repick_auto_every=live, repick_margin=0.0))
         try:
-            monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
-            assert e.set_repick_auto(dear).startswith("static")
+            monkeypatch.setattr(e, "cost_model", lambda: (CHEAP, "test costs"))
+            assert e.set_repick_auto(DEAR).startswith("static")
             snap = e.snapshot()
             assert snap.repick_every == 0 and snap.repick_auto.startswith("auto: static")
             texts.append([_reply_text(e, asks[0])])
@@ -267,24 +269,17 @@ def _reply_text(e: Engine, ask: str) -> str:
     return "".join(ev.text for ev in e.chat([Message("user", ask)]) if isinstance(ev, TextDelta))
 
 
-def test_repick_auto_live_with_mtp(tiny_glm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repick_auto_live_with_mtp(tiny_glm: Path, prof: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With MTP the ring also holds the NextN block's rows and verify batches: live auto scores the slot layers'
     decode rows, switches, and the text is the same as with no re-picks."""
-    from moeslots.profiles.record import record
-    from moeslots.profiles.simulate import CostModel
 
-    prompt = tmp_path / "p.txt"
-    prompt.write_text("hello")
-    prof = tmp_path / "prof.csv"
-    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
-    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
     texts = []
     for live in (0, 16):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=True,
                                 max_tokens=40, repick_auto_every=live, repick_margin=0.0))
         try:
             assert e.mtp is not None
-            monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+            monkeypatch.setattr(e, "cost_model", lambda: (CHEAP, "test costs"))
             if live:
                 e.set_repick_auto(CostModel(pcie_gbps=1e-6))                     # static at load
             texts.append([_reply_text(e, "tell me about the experts")])
@@ -298,24 +293,17 @@ def test_repick_auto_live_with_mtp(tiny_glm: Path, tmp_path: Path, monkeypatch: 
     assert texts[0] == texts[1]
 
 
-def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, prof: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Live auto never ends a reply or overrides the user: a ring too short for the tokens to score, a cost model
     that raises (a calibration edited mid-chat), or F3 pressed while it decides."""
     from moeslots.engine.engine import Done
     from moeslots.profiles import simulate
-    from moeslots.profiles.record import record
-    from moeslots.profiles.simulate import CostModel
 
-    prompt = tmp_path / "p.txt"
-    prompt.write_text("hello")
-    prof = tmp_path / "prof.csv"
-    record(tiny_glm, [prompt], prof, n_decode=64, threads=2, temperature=1.0)
-    cheap = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)
 
     def engine(**kw: object) -> Engine:
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=False,
                                 max_tokens=40, repick_auto_every=16, repick_margin=0.0, **kw))
-        monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+        monkeypatch.setattr(e, "cost_model", lambda: (CHEAP, "test costs"))
         e.set_repick_auto(CostModel(pcie_gbps=1e-6))                   # static at load
         return e
 
@@ -337,7 +325,7 @@ def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, tmp_path: Path, monkey
         monkeypatch.setattr(e, "cost_model", broken)
         assert reply(e).stats.tokens == 40                                # the reply ends normally
         assert "kept (unsupported operand" in e.snapshot().repick_auto
-        monkeypatch.setattr(e, "cost_model", lambda: (cheap, "test costs"))
+        monkeypatch.setattr(e, "cost_model", lambda: (CHEAP, "test costs"))
         real = simulate.choose_repick_from
 
         def f3_meanwhile(*a: object, **k: object) -> tuple[int, str]:
