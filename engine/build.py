@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
+from moeslots.engine import hardware
+
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -94,17 +96,20 @@ def _cpu_fingerprint() -> str:
 
 def detect_cuda_arch() -> str | None:
     """Compute capability of the first GPU as CMake wants it ("90"), or None when no GPU answers."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out and re.fullmatch(r"\d+\.\d+", out[0].strip()):
-        return out[0].strip().replace(".", "")
-    return None
+    gpus = hardware.probe_gpus()
+    return gpus[0].arch if gpus else None
+
+
+def choose_flags(request: str = "auto", *, cuda_arch: str | None = None, native: bool = True, mtmd: bool = False,
+                 extra: tuple[str, ...] = (),
+                 probe: Callable[[], tuple[Sequence[hardware.Gpu], hardware.Toolkit | None]] | None = None
+                 ) -> tuple[BuildFlags, str]:
+    """The flags for `moeslots engine build`: request "auto" builds CUDA when nvidia-smi lists a GPU and nvcc is
+    found (arch from the GPU), "cpu"/"cuda" force a backend. Returns them with the one line that says why.
+    probe() -> (GPUs, toolkit) replaces the real nvidia-smi/nvcc probes (tests)."""
+    gpus, toolkit = probe() if probe else (hardware.probe_gpus(), hardware.probe_nvcc())
+    b = hardware.choose_backend(request, gpus, toolkit, cuda_arch)
+    return BuildFlags(cuda=b.cuda, cuda_arch=b.arch, native=native, mtmd=mtmd, extra=extra), b.reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +133,11 @@ class BuildFlags:
                 # of it, exported, in every .so: libllama then binds std:: symbols to libggml-cuda's copy or its
                 # own depending on import order, and crashed in llama_model::print_info when numpy/gguf were
                 # imported first. Keep each library's static archives private.
-                "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL"]
+                "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL",
+                # No AMX weight buffers: ggml's AMX matmul segfaults on Sapphire-Rapids-class CPUs
+                # (ggml-org/llama.cpp#20824; reproduced on Q8_0/Q4_K here). -U drops the macro -march=native
+                # defines, so the AMX code is not compiled and those weights stay in plain or repacked buffers.
+                "-DCMAKE_C_FLAGS=-U__AMX_INT8__", "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__"]
         if f.cuda:
             args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={f.cuda_arch}-real"]
         args += list(f.extra)
@@ -146,6 +155,8 @@ def build_key(sdist_sha256: str, patch_id: str, flags: BuildFlags) -> str:
         "sdist": sdist_sha256, "patches": patch_id, "cmake": f.cmake_args(patch_id),
         "cpu": _cpu_fingerprint() if f.native else "generic", "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
     }
+    if f.cuda:      # the backend, named (CPU keys predate the field: left without it, their cached wheels stay valid)
+        material["backend"] = f"cuda-{f.cuda_arch}"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
 
 

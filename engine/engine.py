@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import numpy as np
 
+from moeslots.engine import autoprofile, discovery, hardware
 from moeslots.engine import cache as cache_mod
 from moeslots.engine import model as model_mod
 from moeslots.engine import native
@@ -47,8 +48,11 @@ class EngineConfig:
                                                     # the fastest placement on the H200 box (docs/benchmarks.md)
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
-    mmap: bool = True                               # experts mmap'ed (pageable); False: read into pinned host
-                                                    # memory — prompts ~5x faster on the H200 box, RAM held
+    mmap: Union[bool, str] = "auto"                 # experts mmap'ed (pageable); False: read into pinned host
+                                                    # memory — prompts ~5x faster on the H200 box, RAM held;
+                                                    # "auto": pinned when free RAM holds them (engine.hardware)
+    auto_profile: bool = False                      # no profile given: plan from the first prompt, record and
+                                                    # save one per model, use it next time (engine.autoprofile)
     async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0008; process-wide;
                                                     # off by default: no gain on the H200 box, docs/benchmarks.md)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
@@ -137,7 +141,7 @@ class Snapshot:
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
     """Per trunk MoE layer the top-`slots` decode experts of the profile; "auto": the most slots whose packs fit the
     GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes."""
-    from moeslots.profiles.plan import auto_slots, plan_from_counts
+    from moeslots.profiles.plan import plan_from_counts
     from moeslots.profiles.profile import from_trace
     from moeslots.profiles.trace import TraceError, read_csv
 
@@ -154,24 +158,32 @@ def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pa
         raise EngineError(f"{profile} was recorded on another model ({t.meta.get('arch', '?')}, {t.shape_text()}); "
                           f"this one is {f.arch}, {want['n_layer']} layers x {want['n_expert']} experts, "
                           f"k={want['k']}")
-    layers = [il for il in f.moe_layers if il < f.n_layer]
+    counts = from_trace(t, model.n_layer_all, f.n_expert).counts
+    return SlotPlan(plan_from_counts(counts, slot_count(model, slots, pack_host=pack_host),
+                                     [il for il in f.moe_layers if il < f.n_layer]))
+
+
+def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False) -> int:
+    """Slots per layer for a plan: a number (checked), or "auto": the most whose packs fit the GPU's free memory
+    minus 1 GiB (half the experts with packs in host memory)."""
+    from moeslots.profiles.plan import auto_slots
+
+    f = model.facts
     if slots == "auto":
         if pack_host:
-            n = f.n_expert // 2
-        else:
-            gpus = native.gpus()
-            if not gpus:
-                raise EngineError("--slots auto: no GPU, so no slots (experts run on the CPU)")
-            n = auto_slots(max(g.free for g in gpus), len(layers), f.slab_bytes, f.n_expert)
-    else:
-        try:
-            n = int(slots)
-        except ValueError:
-            raise EngineError(f"--slots takes a number or 'auto', not {slots!r}") from None
-        if not 0 <= n <= f.n_expert:
-            raise EngineError(f"--slots {n}: the model has {f.n_expert} experts per layer")
-    counts = from_trace(t, model.n_layer_all, f.n_expert).counts
-    return SlotPlan(plan_from_counts(counts, n, layers))
+            return f.n_expert // 2
+        gpus = native.gpus()
+        if not gpus:
+            raise EngineError("--slots auto: no GPU, so no slots (experts run on the CPU)")
+        return auto_slots(max(g.free for g in gpus), len([il for il in f.moe_layers if il < f.n_layer]),
+                          f.slab_bytes, f.n_expert)
+    try:
+        n = int(slots)
+    except ValueError:
+        raise EngineError(f"--slots takes a number or 'auto', not {slots!r}") from None
+    if not 0 <= n <= f.n_expert:
+        raise EngineError(f"--slots {n}: the model has {f.n_expert} experts per layer")
+    return n
 
 
 def render_chat(model: Model, messages: Sequence[Message]) -> str:
@@ -195,8 +207,10 @@ class Engine:
         self._busy = threading.Lock()
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         model_mod.track(self, model_mod.ENGINE)
+        load = hardware.resolve_mmap(cfg.mmap, discovery.expert_bytes(cfg.model))
+        self.notices.append(load.line)
         self.model = Model(cfg.model, LoadOptions(experts_on_host=True, extra_bufts=not cfg.pack_host,
-                                                  use_mmap=cfg.mmap,
+                                                  use_mmap=load.mmap,
                                                   load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
         try:
@@ -227,14 +241,16 @@ class Engine:
         self._spare = False                                # the packs have a spare entry (overlapped re-picks)
         self._stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self._rec_tokens = 0
-        if cfg.slots not in (None, 0):
-            try:
+        self._auto: autoprofile.AutoProfile | None = None
+        try:
+            self._auto = autoprofile.attach(self) if cfg.auto_profile else None   # may set self.cfg.profile
+            if cfg.slots not in (None, 0) and not (self._auto and self._auto.plan_first_prompt):
                 self.set_slots(cfg.slots)
                 if cfg.slots == "auto":
                     self.notices.append(self.explain_slots())
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     # -- slots -----------------------------------------------------------------------------------------------
 
@@ -244,24 +260,28 @@ class Engine:
         if not self._busy.acquire(blocking=False):
             raise EngineError("cannot change slots while generating: stop the reply first")
         try:
-            old = self._plan
-            self._drain_stage()
-            spare = self.cfg.repick_overlap and self.cfg.repick_every > 0
-            try:
-                line = self.model.set_slots(plan, pack_host=self.cfg.pack_host, spare=spare)
-            except cache_mod.CacheError:
-                try:
-                    self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host, spare=spare)
-                except cache_mod.CacheError:
-                    self._plan, self.load_line = SlotPlan({}), "expert cache: off"
-                raise
-            with self._lock:
-                self._plan, self.load_line, self._spare = plan, line, spare
-                if self._auto_mark is not None:
-                    self._auto_mark = (self._decode_tokens, plan)     # live auto scores from the new plan on
-            return line
+            return self._apply_plan(plan)
         finally:
             self._busy.release()
+
+    def _apply_plan(self, plan: SlotPlan) -> str:
+        """set_slots' work, for a caller holding _busy (autoprofile plans between a prompt and its reply)."""
+        old = self._plan
+        self._drain_stage()
+        spare = self.cfg.repick_overlap and self.cfg.repick_every > 0
+        try:
+            line = self.model.set_slots(plan, pack_host=self.cfg.pack_host, spare=spare)
+        except cache_mod.CacheError:
+            try:
+                self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host, spare=spare)
+            except cache_mod.CacheError:
+                self._plan, self.load_line = SlotPlan({}), "expert cache: off"
+            raise
+        with self._lock:
+            self._plan, self.load_line, self._spare = plan, line, spare
+            if self._auto_mark is not None:
+                self._auto_mark = (self._decode_tokens, plan)     # live auto scores from the new plan on
+        return line
 
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
@@ -346,12 +366,14 @@ class Engine:
         if self.mtp is not None:
             self.mtp.truncate(p)
         self._tokens = toks[:p]
-        st_before = ctx.read_stats() if self._rec is not None else None
+        st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
         self._tokens = list(toks)
         if self.mtp is not None:
             self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work
+        if self._auto is not None:
+            self._auto.after_prefill(self)             # no profile yet: this prompt's routing plans the slots
         t1 = time.perf_counter()
         st0 = ctx.read_stats()
         b0 = stats_mod.weight_copy_bytes()
@@ -394,6 +416,8 @@ class Engine:
         st1 = ctx.read_stats()
         if self._rec is not None and st_before is not None:
             self._keep_recorded_rows(st_before, st1, n, end=len(toks) + n)
+        if self._auto is not None and st_before is not None:
+            self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
             self._update_whatif(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
             self._maybe_redecide(st1, self._decode_tokens + n)
@@ -592,22 +616,13 @@ class Engine:
 
     def _keep_recorded_rows(self, before: "stats_mod.RoutingStats", after: "stats_mod.RoutingStats",
                             n_decoded: int, end: int) -> None:
-        """The rows this turn wrote (prompt rows of the new prompt part and decode rows) from the ring; MTP verify
-        rows of rejected drafts are dropped by keeping the last row of each (pos, layer), and rows past the last
-        shown token (`end`) too."""
-        k = self.model.facts.n_expert_used
-        total = lambda st: int(st.picks_prompt.sum() + st.picks_decode.sum()) // k  # noqa: E731
-        n_new = min(total(after) - total(before), len(after.ring))
-        if n_new <= 0:
+        """The rows this turn wrote (stats.turn_rows: prompt rows of the new prompt part and decode rows)."""
+        rows = stats_mod.turn_rows(before, after, self.model.facts.n_expert_used, end)
+        if rows is None:
             return
-        rows = after.ring[-n_new:]
-        rows = rows[rows[:, 0] < end]
-        key = rows[:, 0].astype(np.int64) * 4096 + rows[:, 1]
-        _, last = np.unique(key[::-1], return_index=True)
-        keep = np.sort(len(key) - 1 - last)
         with self._lock:
             assert self._rec is not None
-            self._rec.append(rows[keep])
+            self._rec.append(rows)
             self._rec_tokens += n_decoded
 
     def stop_recording(self, path: Path) -> "Trace":
@@ -620,12 +635,15 @@ class Engine:
             raise EngineError("not recording")
         f = self.model.facts
         rows = np.concatenate(rec) if rec else np.zeros((0, 2 + f.n_expert_used), np.int32)
-        meta = {"arch": f.arch, "n_layer": str(self.model.n_layer_all), "n_expert": str(f.n_expert),
-                "k": str(f.n_expert_used), "model": Path(f.path).name.replace(" ", "_"),
-                "tokens": str(self._rec_tokens)}
-        t = from_ring(rows, meta)
+        t = from_ring(rows, self.routing_meta(self._rec_tokens))
         write_csv(t, Path(path))
         return t
+
+    def routing_meta(self, tokens: int) -> dict[str, str]:
+        """The `# key=value` facts a recorded profile carries (a profile of another model is refused by them)."""
+        f = self.model.facts
+        return {"arch": f.arch, "n_layer": str(self.model.n_layer_all), "n_expert": str(f.n_expert),
+                "k": str(f.n_expert_used), "model": Path(f.path).name.replace(" ", "_"), "tokens": str(tokens)}
 
     # -- snapshot --------------------------------------------------------------------------------------------
 
@@ -711,6 +729,8 @@ class Engine:
                 busy.release()
 
     def _close(self) -> None:
+        if getattr(self, "_auto", None) is not None:
+            self._auto.close()                         # the last reply's profile save finishes first
         if getattr(self, "_stager", None) is not None:
             self._stager.close()
             self._stager = None

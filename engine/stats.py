@@ -99,3 +99,19 @@ def read(ctx_ptr: int, n_layer_all: int, n_expert: int, k: int, ring_rows: int) 
     if n < 0:
         raise EngineError("routing stats are off for this context")
     return RoutingStats(pp, pd, hits, misses, ring[:n].copy())
+
+
+def turn_rows(before: RoutingStats, after: RoutingStats, k: int, end: int) -> np.ndarray | None:
+    """The ring rows one turn wrote (prompt rows of its new prompt part, then decode rows), read from the stats
+    before and after it; None when it wrote none. MTP verify rows of rejected drafts are dropped by keeping the
+    last row of each (pos, layer), and rows past the last shown token (`end`) too. Manual recording and the
+    automatic profile both keep these."""
+    total = lambda st: int(st.picks_prompt.sum() + st.picks_decode.sum()) // k  # noqa: E731
+    n_new = min(total(after) - total(before), len(after.ring))
+    if n_new <= 0:
+        return None
+    rows = after.ring[-n_new:]
+    rows = rows[rows[:, 0] < end]
+    key = rows[:, 0].astype(np.int64) * 4096 + rows[:, 1]
+    _, last = np.unique(key[::-1], return_index=True)
+    return rows[np.sort(len(key) - 1 - last)]

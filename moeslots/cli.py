@@ -33,14 +33,16 @@ def cmd_engine_build(a: argparse.Namespace) -> int:
         with console.status(f"exporting patched, trimmed source to {dest}"):
             root, size = build.export_source(dest, log=lambda m: console.print(f"[dim]{m}[/]"))
         console.print(f"wrote {root} ({size / 2**20:.1f} MiB, patches {build.patches_hash(build.patch_files())})")
-        console.print("build it there with: moeslots engine build --cuda --from-source "
-                      f"{root}  (or: python -m moeslots engine build ...)")
+        console.print("build it there with: moeslots engine build --from-source "
+                      f"{root}  (CUDA when that machine has an NVIDIA GPU and nvcc; --cuda/--cpu force one)")
         return 0
     extra = tuple(a.cmake_arg or ())
     bad = [x for x in extra if not x.startswith("-D")]
     if bad:
         raise UserError(f"--cmake-arg takes -DNAME=VALUE, not {bad[0]!r}")
-    flags = build.BuildFlags(cuda=a.cuda, cuda_arch=a.cuda_arch, native=not a.portable, mtmd=a.mtmd, extra=extra)
+    flags, why = build.choose_flags(a.backend, cuda_arch=a.cuda_arch, native=not a.portable, mtmd=a.mtmd,
+                                    extra=extra)
+    console.print(why, soft_wrap=True, markup=False, highlight=False)    # which engine, and why
     progress = Progress(TextColumn("[bold]compiling[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("[dim]{task.description}[/]"), console=console, transient=True)
     task = None
@@ -74,6 +76,11 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     rep = native.doctor_report()
     for k, v in rep.lines():
         print(f"{k:<16} {v}")
+    from moeslots.engine import hardware
+
+    warn = hardware.cpu_engine_warning(hardware.probe_gpus(), any(d.kind in ("GPU", "iGPU") for d in rep.devices))
+    if warn:
+        print(f"{'warning':<16} {warn}")
     if not (rep.patched and rep.up_to_date):
         return 1
     if a.calibrate:
@@ -402,19 +409,21 @@ def _parse_repick(v: str | None) -> tuple[int, int]:
 
 
 def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
-                 ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool = True) -> "object":
+                 ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool | str = "auto",
+                 auto_profile: bool = False) -> "object":
     from moeslots.engine import native
     from moeslots.engine.engine import AUTO_EVERY, Engine, EngineConfig
 
     native.require_patched()
-    if slots is None:
-        slots = "auto" if profile else "0"
-    n_or_auto: int | str = slots if slots == "auto" else _int_arg("--slots", slots)
     pack_host = not native.gpus()
+    if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
+        slots = "auto" if profile or (auto_profile and not pack_host) else "0"
+    n_or_auto: int | str = slots if slots == "auto" else _int_arg("--slots", slots)
     every, swaps = _parse_repick(repick)
     eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
                               pack_host=pack_host, repick_every=every, repick_swaps=swaps, async_cpu=async_cpu,
-                              mmap=mmap, repick_auto_every=AUTO_EVERY if repick == "auto" else 0))
+                              mmap=mmap, repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
+                              auto_profile=auto_profile))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     if repick == "auto":
@@ -442,7 +451,8 @@ def _config() -> dict:
         raise UserError(str(e)) from None
 
 
-def _run_app(eng: "object", model_name: str, remember: bool = True) -> int:
+def _run_app(eng: "object", model_name: str, remember: bool = True, a: argparse.Namespace | None = None,
+             model: Path | None = None) -> int:
     from moeslots.tui.app import MoeslotsApp
 
     keymap = dict(_config().get("keymap", {}))
@@ -450,26 +460,44 @@ def _run_app(eng: "object", model_name: str, remember: bool = True) -> int:
 
     native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
     app = MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember)  # type: ignore[arg-type]
+    app.model_path, app.model_dirs = model, list(_config().get("app", {}).get("model_dirs", []))
+    app.opener = lambda p: _chat_engine(p, a or build_parser().parse_args(["chat", str(p)]), explicit=False)
     try:
         app.run()
     finally:
         native.set_log_echo(True)
         app._cancel.set()                 # a reply still running in its worker thread stops at the next token
-        eng.close()  # type: ignore[attr-defined]   (waits for that thread)
-    return 0
+        app.engine.close()  # type: ignore[attr-defined]   (waits for that thread; the model picker may have
+    return 0                #                                switched engines)
+
+
+def _chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> "object":
+    """The engine for `chat MODEL` (explicit) or a model picked in the app; remembered as [app] last_model."""
+    from moeslots import launch
+
+    s = launch.resolve(model, a, _config().get("app", {}), explicit=explicit)
+    eng = _open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
+                       s.auto_profile)
+    err = launch.remember(model)
+    if err:
+        eng.notices.append(err)  # type: ignore[attr-defined]
+    return eng
 
 
 def cmd_chat(a: argparse.Namespace) -> int:
-    app_cfg = _config().get("app", {})           # flags override the config
-    same_model = app_cfg.get("model") and Path(app_cfg["model"]).expanduser() == Path(a.model).expanduser()
-    profile = a.profile or (app_cfg.get("profile") if same_model else None)
-    slots = a.slots or (str(app_cfg["slots"]) if same_model and "slots" in app_cfg else None)
-    mtp = not a.no_mtp and bool(app_cfg.get("mtp", True))
-    mmap = not getattr(a, "no_mmap", False) and bool(app_cfg.get("mmap", True))
-    eng = _open_engine(Path(a.model), Path(profile).expanduser() if profile else None, slots, mtp, a.threads, a.ctx,
-                       getattr(a, "repick", None),
-                       getattr(a, "async_cpu", False), mmap)
-    return _run_app(eng, Path(a.model).name)
+    model = Path(a.model).expanduser()
+    return _run_app(_chat_engine(model, a), model.name, a=a, model=model)
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from moeslots.engine import discovery
+
+    for d in a.dirs:
+        if not Path(d).expanduser().is_dir():
+            raise UserError(f"not a folder: {d}")
+    s = discovery.survey(list(_config().get("app", {}).get("model_dirs", [])) + list(a.dirs))
+    print("\n".join(discovery.table(s)))
+    return 0
 
 
 def cmd_app(a: argparse.Namespace) -> int:
@@ -478,11 +506,11 @@ def cmd_app(a: argparse.Namespace) -> int:
     from moeslots.engine import bundled, native
 
     native.require_patched()
-    app_cfg = _config().get("app", {})
-    if app_cfg.get("model"):                     # the user's own default model
-        ns = argparse.Namespace(model=app_cfg["model"], profile=None, slots=None, no_mtp=False, threads=None, ctx=4096,
-                                repick=None)
-        return cmd_chat(ns)
+    from moeslots import launch
+
+    target, gone = launch.start_model(_config().get("app", {}))
+    if target is not None:                       # [app] model, else the last model used
+        return cmd_chat(build_parser().parse_args(["chat", str(target)]))
     from moeslots.engine.errors import EngineError
 
     try:
@@ -492,7 +520,9 @@ def cmd_app(a: argparse.Namespace) -> int:
     from moeslots.engine.model import inspect_gguf
 
     eng = _open_engine(path, prof, str(inspect_gguf(path).n_expert // 4), True, None, 4096)
-    return _run_app(eng, path.name, remember=False)
+    if gone:
+        eng.notices.append(gone)  # type: ignore[attr-defined]
+    return _run_app(eng, path.name, remember=False, model=path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -507,7 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("engine", help="build and install the patched llama-cpp-python engine")
     esub = e.add_subparsers(dest="engine_cmd", metavar="ACTION", required=True)
     b = esub.add_parser("build", help="download sdist, apply engine/patches, build (cached), install")
-    b.add_argument("--cuda", action="store_true", help="build the CUDA backend")
+    bk = b.add_mutually_exclusive_group()
+    bk.add_argument("--cuda", dest="backend", action="store_const", const="cuda",
+                    help="build the CUDA backend (default: when nvidia-smi lists a GPU and nvcc is found)")
+    bk.add_argument("--cpu", dest="backend", action="store_const", const="cpu",
+                    help="build the CPU backend even where a GPU and the CUDA toolkit are found")
+    b.set_defaults(backend="auto")
     b.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES number (default: from the GPU, else 90)")
     b.add_argument("--portable", action="store_true", help="no -march=native (for a wheel used on other CPUs)")
     b.add_argument("--mtmd", action="store_true", help="also build llama-cpp-python's multimodal library")
@@ -644,9 +679,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
                    help="run the host-memory experts while the GPU computes the resident ones (off by default: two "
                    "more splits per layer cost what the overlap hides)")
-    c.add_argument("--no-mmap", action="store_true", help="read the experts into pinned host memory instead of "
-                   "mapping the file: prompts ~5x faster (H200 box), but the model's expert bytes stay in RAM "
-                   "(config: [app] mmap = false)")
+    c.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-mmap: read the experts into pinned host memory (prompts ~5x faster on the H200 box, the "
+                   "model's expert bytes held in RAM); --mmap: map the file. Default: pinned when the free RAM holds "
+                   "the experts + 10 %% + 4 GiB, else mmap (config: [app] mmap = true|false)")
+    c.add_argument("--no-auto-profile", action="store_true", help="without --profile: no slots planned from the "
+                   "first prompt, no profile recorded for this model or taken from an earlier session "
+                   "(config: [app] auto_profile = false)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--ctx", type=int, default=4096)
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
@@ -654,6 +693,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "
                    "(pays mostly with --no-mmap and a drifting workload)")
     c.set_defaults(func=cmd_chat)
+
+    mo = sub.add_parser("models", help="the GGUF models found here (Hugging Face cache, LM Studio, [app] model_dirs, "
+                        "this folder): size, arch, experts and whether they fit this machine")
+    mo.add_argument("dirs", nargs="*", help="more folders to search")
+    mo.set_defaults(func=cmd_models)
 
     ap = sub.add_parser("app", help="(default) the chat app on the default model")
     ap.set_defaults(func=cmd_app)

@@ -1,5 +1,5 @@
 """The config file, $XDG_CONFIG_HOME/moeslots/config.toml: where it is, and an atomic TOML write that keeps every
-other table. Shared by the app's settings (tui/config.py) and the engine's calibration (engine/calibrate.py)."""
+other table; where moeslots keeps its data ($XDG_DATA_HOME/moeslots). Shared by the app's settings (tui/config.py) and the engine's calibration (engine/calibrate.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ def config_dir() -> Path:
 
 def path() -> Path:
     return config_dir() / "config.toml"
+
+
+def data_dir() -> Path:
+    """$XDG_DATA_HOME/moeslots: chat history, exports, recorded profiles."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "moeslots"
 
 
 def write_atomic(cfg: dict[str, Any], p: Path | None = None) -> Path:

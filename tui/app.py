@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -120,6 +120,7 @@ class MoeslotsApp(App[None]):
         Binding("ctrl+y", "copy_last", "Copy answer", id="copy_last", show=False),
         Binding("f2", "system_prompt", "System prompt", id="system_prompt", show=False),
         Binding("f3", "toggle_repick", "Re-pick", id="repick", show=False),
+        Binding("f4", "models", "Models", id="models", show=False),
         Binding("f1", "show_help_panel", "Help", id="help"),
         Binding("escape", "stop", "Stop", id="stop"),
         Binding("ctrl+q", "quit", "Quit", id="quit"),
@@ -132,6 +133,10 @@ class MoeslotsApp(App[None]):
         self.engine = engine
         self.store = store or Store()
         self.model_name = model_name
+        self.model_path: Path | None = None          # the model file, and what opens another (the F4 picker;
+        self.model_dirs: list[str] = []              # both set by the CLI) and where else to look for models
+        self.opener: Callable[[Path], EngineLike] | None = None
+        self._notices_seen = 0                       # engine notices already shown (more come after replies)
         self._keymap = keymap or {}
         self.chat_id = self.store.last_chat() or self.store.new_chat(system_prompt)
         self._cancel = threading.Event()
@@ -172,8 +177,7 @@ class MoeslotsApp(App[None]):
             self.set_keymap(self._keymap)
         self.sub_title = self.model_name
         self.query_one("#load-line", Static).update(self.engine.load_line)
-        for n in getattr(self.engine, "notices", []):
-            self.notify(n, timeout=8)
+        self._say_new_notices()
         for role, content in self.store.messages(self.chat_id):
             self.query_one("#chat-log").mount(ChatMessage(role, content))
             if role == "assistant":
@@ -279,6 +283,7 @@ class MoeslotsApp(App[None]):
             self._last_answer = event.text
         if cancelled and not self.query_one(Prompt).text.strip():
             self.query_one(Prompt).text = self._pending_prompt    # Esc puts the prompt back, to edit and resend
+        self._say_new_notices()
         self._say_auto_switch()
         self._assistant = None
         self._generating = False                  # last: the reply is fully settled (store, log, prompt)
@@ -400,6 +405,18 @@ class MoeslotsApp(App[None]):
         if every != self._repick_seen and auto:
             self.notify(auto, title="re-pick (auto)", timeout=12)
         self._repick_seen = every
+
+    def _say_new_notices(self) -> None:
+        """The engine's notices not shown yet (at start; after a reply, e.g. the automatic profile's)."""
+        notices = list(getattr(self.engine, "notices", []))
+        for n in notices[self._notices_seen:]:
+            self.notify(n, timeout=8)
+        self._notices_seen = len(notices)
+
+    def action_models(self) -> None:
+        from moeslots.tui.screens.models import open_picker
+
+        open_picker(self)
 
     def action_toggle_repick(self) -> None:
         if not hasattr(self.engine, "set_repick"):

@@ -5,6 +5,10 @@
     profile = "/profiles/merged.csv"
     slots = "auto"        # or a number
     mtp = true
+    mmap = false          # experts in pinned host memory (true: mapped; unset: pinned when the free RAM holds them)
+    auto_profile = true   # no profile: plan slots from the first prompt, record one per model (default true)
+    model_dirs = ["~/models"]   # more folders `moeslots models` and the picker (F4) search
+    last_model = "..."    # written by the app: `moeslots` alone reopens it
     [keymap]              # binding id = keys
     record = "ctrl+g"
 """
@@ -18,7 +22,9 @@ from typing import Any
 from moeslots import configfile
 
 
-APP_KEYS = {"model": str, "profile": str, "slots": (str, int), "mtp": bool}
+APP_KEYS: dict[str, type | tuple[type, ...]] = {
+    "model": str, "profile": str, "slots": (str, int), "mtp": bool, "mmap": bool, "auto_profile": bool,
+    "model_dirs": list, "last_model": str}
 
 
 class ConfigError(ValueError):
@@ -43,7 +49,7 @@ def load(p: Path | None = None) -> dict[str, Any]:
     for k, v in app.items():
         if k not in APP_KEYS:
             raise ConfigError(f"{p}: unknown key app.{k} (known: {', '.join(APP_KEYS)})")
-        if not isinstance(v, APP_KEYS[k]):
+        if not isinstance(v, APP_KEYS[k]) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
             raise ConfigError(f"{p}: app.{k} has the wrong type")
     km = cfg.get("keymap", {})
     if not isinstance(km, dict) or not all(isinstance(v, str) for v in km.values()):

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from pathlib import Path
+
+from moeslots import configfile
 
 SCHEMA = 1
 
 
 def data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "moeslots"
+    return configfile.data_dir()
 
 
 class Store:

@@ -208,11 +208,3 @@ def test_no_mmap_loads_into_host_memory_and_chats_the_same(tiny_glm: Path) -> No
         finally:
             e.close()
     assert texts[0] == texts[1]
-
-
-def test_chat_no_mmap_flag_and_config() -> None:
-    from moeslots.cli import build_parser
-
-    a = build_parser().parse_args(["chat", "m.gguf", "--no-mmap"])
-    assert a.no_mmap is True
-    assert build_parser().parse_args(["chat", "m.gguf"]).no_mmap is False

@@ -1,0 +1,68 @@
+"""What `moeslots chat MODEL`, `moeslots` alone and the app's model picker open, and with which settings: flags over
+config.toml's [app] table, the remembered last model. Pure decisions (the CLI opens the engine)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSettings:
+    profile: Path | None
+    slots: str | None               # a number or "auto"; None: decided when the engine opens (GPU or not)
+    mtp: bool
+    threads: int | None
+    ctx: int
+    repick: str | None
+    async_cpu: bool
+    mmap: bool | str                # True / False as asked, else "auto" (engine.hardware decides from free RAM)
+    auto_profile: bool              # no profile: plan from the first prompt, record and save one per model
+
+
+def same_file(a: str | Path | None, b: str | Path) -> bool:
+    return bool(a) and Path(a).expanduser().absolute() == Path(b).expanduser().absolute()  # type: ignore[arg-type]
+
+
+def resolve(model: Path, a: argparse.Namespace, app: Mapping[str, Any], *, explicit: bool = True) -> ChatSettings:
+    """Flags override the config. The config's profile and slots belong to its [app] model. explicit=False (a
+    model chosen in the picker): --profile, --slots and --repick of the command line belonged to the model it
+    started with and are not carried over."""
+    same = same_file(app.get("model"), model)
+    profile = (a.profile if explicit else None) or (app.get("profile") if same else None)
+    slots = (a.slots if explicit else None) or (str(app["slots"]) if same and "slots" in app else None)
+    mmap = getattr(a, "mmap", None)
+    return ChatSettings(
+        profile=Path(profile).expanduser() if profile else None, slots=slots,
+        mtp=not getattr(a, "no_mtp", False) and bool(app.get("mtp", True)), threads=getattr(a, "threads", None),
+        ctx=getattr(a, "ctx", 4096), repick=getattr(a, "repick", None) if explicit or profile else None,
+        async_cpu=bool(getattr(a, "async_cpu", False)),
+        mmap=mmap if mmap is not None else app.get("mmap", "auto"),
+        auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)))
+
+
+def start_model(app: Mapping[str, Any]) -> tuple[Path | None, str]:
+    """`moeslots` alone: [app] model (a pinned default), else the last model used, else None (the bundled model).
+    The second value is a notice when the last model is gone."""
+    if app.get("model"):
+        return Path(app["model"]).expanduser(), ""
+    last = app.get("last_model")
+    if not last:
+        return None, ""
+    p = Path(last).expanduser()
+    if p.is_file():
+        return p, ""
+    return None, f"the last model used, {p}, is gone: opened the bundled model (F4 picks another)"
+
+
+def remember(model: Path) -> str | None:
+    """[app] last_model = the model's absolute path; an error line when the config cannot be written."""
+    from moeslots.tui import config
+
+    try:
+        config.save_app({"last_model": str(Path(model).expanduser().absolute())})
+    except (OSError, config.ConfigError) as e:
+        return f"could not remember the model in the config: {e}"
+    return None
