@@ -1,6 +1,8 @@
 # moeslots: `make run` (the app on the bundled default model) and `make test`.
 # Both create .venv, install moeslots with its deps, and build + install the patched engine
-# (llama-cpp-python 0.3.36 from PyPI + engine/patches/, cached under ~/.cache/moeslots by patch hash).
+# (llama-cpp-python 0.3.36 from PyPI + engine/patches/, cached under ~/.cache/moeslots by patch hash):
+# the CUDA engine when nvidia-smi lists a GPU and nvcc is found, else the CPU engine (one line says which and why).
+# ENGINE_FLAGS=--cpu or --cuda forces one: make engine ENGINE_FLAGS=--cpu
 
 PYTHON ?= python3
 VENV   ?= .venv

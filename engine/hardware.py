@@ -161,7 +161,7 @@ class LoadMode:
 
 
 def _gib(b: float) -> str:
-    return f"{b / GiB:.1f} GiB"
+    return f"{b / GiB:.1f} GiB" if b >= GiB else f"{b / 2**20:.0f} MiB"
 
 
 def pinned_fits(expert_bytes: int, available: int) -> bool:

@@ -57,7 +57,7 @@ def test_repick_auto_uses_the_calibration(cfg_home: Path) -> None:
     assert a[0] == 0                                                            # slow uploads never pay back
     assert choose_repick(trace, 16, fast_bus.cost_model())[0] > 0               # cheap uploads: re-pick
     cfg = EngineConfig(model=bundled.model(), profile=bundled.profile("merged"), slots=16, pack_host=True,
-                       mtp=False, threads=2, n_ctx=256)
+                       mtp=False, threads=2, n_ctx=256, mmap=True)          # mmap: pageable uploads
     eng = Engine(cfg)
     try:
         assert "default costs (H200 box, pageable (mmap) uploads at 5.3 GB/s)" in eng.set_repick_auto()

@@ -53,7 +53,7 @@ def _survey(layout: dict, gpus: list[Gpu], ram: int | None) -> discovery.Survey:
 def test_every_source_is_searched_once_per_real_file(layout: dict) -> None:
     s = _survey(layout, [], 64 * GiB)
     by_label = {m.found.label: m for m, _ in s.models}
-    assert sorted(by_label) == sorted(["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf", "zai/GLM-Tiny: glm.gguf",
+    assert sorted(m.found.label for m, _ in s.models) == sorted(["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf", "zai/GLM-Tiny: glm.gguf",
                                        "big-00001-of-00002.gguf", "dense.gguf", "own.gguf", "here.gguf",
                                        "notes.gguf"])
     assert {m.found.source for m, _ in s.models} == {"hf", "lmstudio", "config", "cwd"}

@@ -4,6 +4,7 @@ fails to open."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from textual.widgets import DataTable
 
 from moeslots.engine import hardware
 from moeslots.tui.app import MoeslotsApp
-from moeslots.tui.screens.models import ModelsScreen
+from moeslots.tui.screens.models import ModelsScreen, Switching
 from moeslots.tui.store import Store
 
 
@@ -73,9 +74,11 @@ async def _pick(app: MoeslotsApp, pilot, name: str) -> tuple[ModelsScreen, list[
 
 async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
     opened: list[Path] = []
+    go = threading.Event()
 
     def opener(p: Path) -> ClosingEngine:
         opened.append(p)
+        go.wait(10)
         return ClosingEngine(p.stem)
 
     app, old = _app(Store(tmp_path / "c.sqlite"), models, opener)
@@ -84,7 +87,14 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
         assert len(cells) == 3
         assert any(r[0] == "●" and r[1] == "alpha.gguf" for r in cells)                   # the model in use
         assert any(r[1] == "beta.gguf" and r[4] == "16 (k=4)" and r[3] == "qwen3moe" for r in cells)
+        await _wait(pilot, lambda: bool(opened))
+        assert isinstance(app.engine, Switching) and app._generating and old.closed    # meanwhile: busy, no model
+        app.refresh_inspector()                                                      # draws, does not raise
+        app.action_slots()
+        await pilot.pause(0.1)
+        go.set()
         await _wait(pilot, lambda: app.model_path == models / "beta.gguf")
+        assert not app._generating
         assert opened == [models / "beta.gguf"] and old.closed
         assert isinstance(app.engine, ClosingEngine) and app.engine.name == "beta"
         assert app.sub_title == "beta.gguf" and not isinstance(app.screen, ModelsScreen)
@@ -117,3 +127,23 @@ async def test_a_model_that_fails_to_open_brings_the_old_one_back(tmp_path: Path
         await _wait(pilot, lambda: len(calls) == 2 and isinstance(app.engine, ClosingEngine) and app.engine is not old)
         assert calls == [models / "beta.gguf", models / "alpha.gguf"] and old.closed
         assert app.model_path == models / "alpha.gguf" and app.engine.name == "alpha"
+
+
+async def test_notices_that_come_after_a_reply_are_shown(tmp_path: Path) -> None:
+    """The automatic profile says what it did after a reply (slots planned, profile saved): the app shows it."""
+    from moeslots.tui.app import Prompt
+
+    class Noting(ClosingEngine):
+        def chat(self, messages, cancel=None):  # noqa: ANN001, ANN202
+            yield from super().chat(messages, cancel)
+            self.notices.append("slots planned from your first prompt: 4 of 16 per layer")
+
+    store = Store(tmp_path / "c.sqlite")
+    app = MoeslotsApp(Noting("alpha"), store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.query_one(Prompt).text = "hi"
+        await pilot.press("enter")
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        shown = [n.message for n in app._notifications]
+        assert shown.count("opened alpha") == 1                            # at start, once
+        assert "slots planned from your first prompt: 4 of 16 per layer" in shown

@@ -94,19 +94,33 @@ class ModelsScreen(ModalScreen["Path | None"]):
 
 
 class Switching:
-    """Stands in for the engine while one is closed and the next opened: the inspector and keys get an error, not
-    a freed model."""
+    """Stands in for the engine while one is closed and the next opened (the app is marked busy meanwhile, so the
+    chat, slot and model keys wait): the inspector draws an empty cache, nothing touches a freed model."""
 
     def __init__(self, path: Path):
         self.load_line = f"opening {path.name}…"
         self.notices: list[str] = []
 
-    def __getattr__(self, name: str) -> Any:
+    def snapshot(self) -> Any:
+        from moeslots.engine.engine import Snapshot
+
+        return Snapshot("", self.load_line, (), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0, 0, 0, False, True)
+
+    def _busy(self, *a: Any, **k: Any) -> Any:
         from moeslots.engine.errors import EngineError
 
-        def busy(*a: Any, **k: Any) -> Any:
-            raise EngineError("switching models: a moment")
-        return busy
+        raise EngineError("switching models: a moment")
+
+    chat = set_slots = stop_recording = _busy
+
+    def start_recording(self) -> None:
+        pass
+
+    def new_chat(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def open_picker(app: "MoeslotsApp") -> None:
@@ -132,6 +146,7 @@ def switch_model(app: "MoeslotsApp", path: Path) -> None:
         app.notify(f"this app cannot open another model: run `moeslots chat {path}`", severity="warning")
         return
     app.notify(f"opening {path.name}…")
+    app._generating = True                 # busy until _switched: no reply, slot change or new chat meanwhile
     threading.Thread(target=_switch, args=(app, path), name="moeslots-switch", daemon=True).start()
 
 
@@ -161,6 +176,7 @@ def _switch(app: "MoeslotsApp", path: Path) -> None:
 
 def _switched(app: "MoeslotsApp", engine: Any, path: Path, error: str) -> None:
     app.engine, app.model_path, app.model_name = engine, path, path.name
+    app._generating = False
     app.sub_title = path.name
     app._notices_seen = 0
     app._repick_seen = int(getattr(getattr(engine, "cfg", None), "repick_every", 0) or 0)
