@@ -191,22 +191,41 @@ class MTPRow:
 
 def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int], *, n_tokens: int = 128,
             threads: int | None = None, pack_host: bool = False, seed: int = 0, prompt_text: str | None = None,
-            mtp_head: str = "gpu", log: Callable[[str], None] = print) -> list[MTPRow]:
+            mtp_head: str = "gpu", replay_from: str | None = None, mmap: bool = True,
+            log: Callable[[str], None] = print) -> list[MTPRow]:
     """Greedy decode tok/s with and without MTP drafts at each slot count and draft length (plan: top-S of a
     0-slot profiling pass). mtp_head: where the NextN block's experts live: "slots" (host memory, in the plan
     like a trunk layer), "host" (host memory, no slots) or "gpu" (on the GPU with the rest of its layer). prompt_text: a user turn rendered with
-    the model's chat template (trained models: real acceptance); default random tokens."""
+    the model's chat template (trained models: real acceptance); default random tokens. replay_from ("uniform" or a
+    trace CSV): the trunk routes through those ids (a random model's greedy text repeats itself, and so would its
+    routing); the plan is then the top-S of the 1,024 rows before the replayed ones (out of sample)."""
     from moeslots.engine.mtp import MTP, greedy_tokens
 
     if mtp_head not in ("slots", "host", "gpu"):
         raise ValueError(f"--mtp-head is slots, host or gpu, not {mtp_head!r}")
     m = Model(model_path, LoadOptions(experts_on_host=True, load_mtp=True, mtp_head_on_gpu=mtp_head == "gpu",
-                                          extra_bufts=not pack_host))
+                                      extra_bufts=not pack_host, use_mmap=mmap))
     if not m.mtp_loaded:
         m.close()
         raise ValueError(f"{model_path} has no NextN (MTP) block")
     f = m.facts
-    ctx = Context(m, n_ctx=n_tokens + 256, n_batch=512, threads=threads)
+    ctx = Context(m, n_ctx=n_tokens + 256, n_batch=512, threads=threads, rollback=max(drafts))
+    plan_counts = None
+    if replay_from:
+        if mtp_head == "slots":
+            raise ValueError("--replay replays the trunk's routing: use --mtp-head gpu or host with it")
+        from moeslots.engine import replay
+        from moeslots.profiles.simulate import layer_counts
+
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        need = 1024 + ctx.n_ctx
+        full = (replay.uniform(need, len(trunk), f.n_expert, f.n_expert_used, seed=7) if replay_from == "uniform"
+                else replay.from_trace(Path(replay_from), f.n_expert, f.n_expert_used))
+        if full.n_rows < need:
+            raise ValueError(f"{replay_from}: {full.n_rows} decode rows, the benchmark needs {need}")
+        plan_counts = layer_counts(full.per_layer(trunk)[:1024], trunk, f.n_expert)
+        replay.set_replay(ctx.ptr, replay.ReplayTable(full.ids[1024:need], full.source))
+        log(f"routing replayed: {full.source}; plan from the 1,024 rows before the replayed ones")
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(0, m.n_vocab - 16, 64)]
     if prompt_text is not None:
@@ -219,7 +238,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
         ctx.decode([int(t)])
     prof = ctx.read_stats()
     ctx.disable_stats()
-    counts = prof.picks_decode + prof.picks_prompt
+    counts = prof.picks_decode + prof.picks_prompt if plan_counts is None else plan_counts
     rows: list[MTPRow] = []
 
     def plain() -> tuple[list[int], float]:

@@ -88,6 +88,7 @@ class TurnStats:
     seconds: float
     cancelled: bool
     hit_rate: float
+    reread: bool = False                  # the prompt was read again from the start (recurrent memory: no cut-back)
 
     @property
     def tok_s(self) -> float:
@@ -136,6 +137,7 @@ class Snapshot:
     repick_mb: float = 0.0
     repick_every: int = 0                 # the interval in force (0: static)
     repick_auto: str = ""                 # `--repick auto`: its last decision and why ("" when not on auto)
+    reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
@@ -214,10 +216,15 @@ class Engine:
                                                   load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
         try:
-            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads)
+            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads,
+                               rollback=cfg.mtp_draft if cfg.mtp else 0)   # rejected drafts of recurrent models
             self.ctx.enable_stats(cfg.stats_ring)
-            if cfg.mtp and not self.model.mtp_loaded:
-                self.notices.append(f"{self.model.facts.name} has no NextN (MTP) block: decoding without MTP")
+            f = self.model.facts
+            if cfg.mtp and f.n_nextn and not f.nextn_tensors:
+                self.notices.append(f"{f.name} declares a NextN (MTP) block but the file carries none of its "
+                                    "tensors: decoding without MTP")
+            elif cfg.mtp and not self.model.mtp_loaded:
+                self.notices.append(f"{f.name} has no NextN (MTP) block: decoding without MTP")
             elif cfg.mtp:
                 self.mtp = MTP(self.model, self.ctx, n_draft=cfg.mtp_draft, threads=cfg.threads)
         except BaseException:
@@ -241,6 +248,7 @@ class Engine:
         self._spare = False                                # the packs have a spare entry (overlapped re-picks)
         self._stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self._rec_tokens = 0
+        self._reread = False
         self._auto: autoprofile.AutoProfile | None = None
         try:
             self._auto = autoprofile.attach(self) if cfg.auto_profile else None   # may set self.cfg.profile
@@ -358,14 +366,23 @@ class Engine:
         if len(toks) + 1 >= ctx.n_ctx:
             raise EngineError(f"the conversation ({len(toks)} tokens) does not fit the context ({ctx.n_ctx}): "
                               "start a new chat")
-        # reuse the KV of the common prefix
+        # reuse the KV of the common prefix; recurrent memory cannot be cut back that far: re-read the prompt
         p = 0
         while p < min(len(toks) - 1, len(self._tokens)) and toks[p] == self._tokens[p]:
             p += 1
-        ctx.truncate(p)
-        if self.mtp is not None:
-            self.mtp.truncate(p)
+        reread = p < len(self._tokens) and not ctx.can_truncate(p)
+        self._tokens = []                                # until the prompt is in: a failed turn leaves no stale KV
+        try:
+            self._cut(0 if reread else p)
+        except EngineError:
+            if reread or p == 0:
+                raise
+            reread = True
+            self._cut(0)
+        p = 0 if reread else p
         self._tokens = toks[:p]
+        with self._lock:
+            self._reread = reread
         st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
@@ -430,7 +447,12 @@ class Engine:
             self._decode_tokens += n
             self._upload_bytes += stats_mod.weight_copy_bytes() - b0
         yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
-                             hits / (hits + miss) if hits + miss else 0.0), "".join(text))
+                             hits / (hits + miss) if hits + miss else 0.0, reread), "".join(text))
+
+    def _cut(self, p: int) -> None:
+        self.ctx.truncate(p)
+        if self.mtp is not None:
+            self.mtp.truncate(p)
 
     def _sample(self, logits: np.ndarray) -> int:
         return sample(logits, self.cfg.temperature, self._rng)
@@ -681,7 +703,8 @@ class Engine:
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=self._repicks, repick_swaps=self._repick_swaps,
-                repick_mb=self._repick_bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=self._auto_line)
+                repick_mb=self._repick_bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=self._auto_line,
+                reread=self._reread)
 
     def _update_whatif(self, st: "stats_mod.RoutingStats", plan: SlotPlan, n_dec: int) -> None:
         """The simulator (profiles.simulate) on the recent ring: what LRU and re-elect-16 would hit with the same

@@ -8,6 +8,7 @@ import codecs
 import ctypes
 import dataclasses
 import os
+import re
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from moeslots.engine.stats import RoutingStats
 
 GGUF_MAGIC = b"GGUF"
+_EXPERT_BIAS = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.bias$")
 
 # Native objects still open at interpreter exit are closed by an atexit hook, in dependency order (MTP draft
 # contexts, then contexts, then models), while the interpreter and the GPU runtime are whole. Left to garbage
@@ -67,6 +69,7 @@ class ModelFacts:
     n_dense_lead: int
     name: str
     slab_bytes: int = 0    # bytes of one expert (gate + up + down, or gate_up + down) in the first MoE layer
+    nextn_tensors: bool = True   # the declared NextN block's tensors are in the file (some GGUFs drop them)
 
     @property
     def moe_layers(self) -> list[int]:
@@ -108,9 +111,12 @@ def inspect_gguf(path: Path) -> ModelFacts:
         name = str(get("general.name", path.stem))
         first = n_dense
         slab = 0
+        names = {t.name for t in r.tensors}
         for t in r.tensors:
             if t.name.startswith(f"blk.{first}.ffn_") and "_exps." in t.name and n_expert > 0:
                 slab += int(t.n_bytes) // n_expert
+        biased = sorted(n for n in names if _EXPERT_BIAS.match(n))
+        nextn_tensors = n_nextn == 0 or f"blk.{n_block - n_nextn}.nextn.eh_proj.weight" in names
     except Exception as e:  # noqa: BLE001 - any parse failure of a damaged file is the same user error
         raise ModelError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
     if not arch:
@@ -118,7 +124,10 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if n_expert <= 0 or n_used <= 0:
         raise ModelError(f"{path} is a dense model (arch {arch}, no experts): moeslots needs a "
                          "Mixture-of-Experts GGUF")
-    return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name, slab)
+    if biased:
+        raise ModelError(f"{path} has experts with biases ({biased[0]}, gpt-oss style): the expert cache cannot "
+                         "split such experts between GPU and CPU yet")
+    return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name, slab, nextn_tensors)
 
 
 @dataclasses.dataclass
@@ -133,6 +142,17 @@ class LoadOptions:
     extra_bufts: bool = True
 
 
+def _load_failure(facts: ModelFacts) -> str:
+    """llama.cpp's own reason for refusing a file (its "error loading model: ..." line, not the generic last one)."""
+    lines = native.recent_log(40).strip().splitlines()
+    why = next((ln.split("error loading model:", 1)[1].strip() for ln in reversed(lines)
+                if "error loading model:" in ln), lines[-1].strip() if lines else "unknown reason")
+    if facts.n_nextn and not facts.nextn_tensors:
+        why += (f" (the file declares {facts.n_nextn} NextN block(s) but carries none of their tensors; "
+                f"llama.cpp loads such a {facts.arch} file only with them)")
+    return why
+
+
 class Model:
     """A loaded llama_model (plus its vocab). Close it, or use it as a context manager."""
 
@@ -144,7 +164,7 @@ class Model:
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 999 if self.opts.n_gpu_layers < 0 else self.opts.n_gpu_layers
         mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if self.opts.use_mmap else L.LLAMA_LOAD_MODE_NONE
-        mp.load_mtp = bool(self.opts.load_mtp and self.facts.n_nextn > 0)
+        mp.load_mtp = bool(self.opts.load_mtp and self.facts.n_nextn > 0 and self.facts.nextn_tensors)
         mp.use_extra_bufts = self.opts.extra_bufts
         keep = self.facts.n_layer if (self.opts.mtp_head_on_gpu and mp.load_mtp) else None
         self._overrides = native.experts_on_host_overrides(keep) if self.opts.experts_on_host else None
@@ -152,13 +172,14 @@ class Model:
             mp.tensor_buft_overrides = self._overrides.pointer
         self.ptr = L.llama_model_load_from_file(str(self.facts.path).encode(), mp)
         if not self.ptr:
-            why = native.recent_log(8).strip().splitlines()
-            raise ModelError(f"the engine could not load {self.facts.path}: "
-                             f"{why[-1] if why else 'unknown reason'}")
+            raise ModelError(f"the engine could not load {self.facts.path}: {_load_failure(self.facts)}")
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.mtp_loaded = bool(mp.load_mtp)
+        # recurrent or hybrid memory (gated delta-net, Mamba...): positions cannot be cut back beyond the snapshots
+        # a context keeps for rollback (Context(rollback=n))
+        self.recurrent = bool(L.llama_model_is_recurrent(self.ptr) or L.llama_model_is_hybrid(self.ptr))
         self.n_layer_all = self.facts.n_layer + self.facts.n_nextn
         self.cache_line = "expert cache: off"
         track(self, MODEL)
@@ -250,7 +271,7 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int | None = None,
                  threads: int | None = None, cb_eval: Any = None, embeddings_all: bool = False,
-                 kv_f32: bool = False):
+                 kv_f32: bool = False, rollback: int = 0):
         L = model._L
         self.model, self._L = model, L
         cp = L.llama_context_default_params()
@@ -259,6 +280,10 @@ class Context:
         cp.n_ubatch = n_ubatch or n_batch
         cp.n_threads = cp.n_threads_batch = threads or default_threads()
         cp.no_perf = True
+        # recurrent state snapshots for cutting back up to `rollback` positions after a decode (rejected MTP
+        # drafts); only recurrent/hybrid models use them
+        cp.n_rs_seq = rollback if model.recurrent else 0
+        self.rollback = cp.n_rs_seq
         if kv_f32:                      # reference comparisons: F32 KV cache, plain attention (no flash attention)
             cp.type_k = cp.type_v = 0   # GGML_TYPE_F32
             cp.flash_attn_type = 0      # LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -319,10 +344,16 @@ class Context:
         self._L.llama_memory_clear(mem, True)
         self.n_past = 0
 
+    def can_truncate(self, pos: int) -> bool:
+        """Whether truncate(pos) can work: always for attention KV; recurrent state only within the snapshots of
+        the last decode (at most `rollback` positions back)."""
+        return not self.model.recurrent or pos >= self.n_past or self.n_past - pos <= self.rollback
+
     def truncate(self, pos: int) -> None:
         """Forget positions >= pos of seq 0 (KV and n_past): prefix reuse, rejected drafts."""
         if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
-            raise EngineError(f"could not roll the context back to position {pos}")
+            raise EngineError(f"could not roll the context back to position {pos}"
+                              + (" (recurrent memory keeps no state that far back)" if self.model.recurrent else ""))
         self.n_past = min(self.n_past, pos)
 
     def decode(self, tokens: Sequence[int], *, all_logits: bool = False, prompt: bool = False) -> None:

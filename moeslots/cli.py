@@ -109,12 +109,18 @@ def cmd_doctor(a: argparse.Namespace) -> int:
 def cmd_synth(a: argparse.Namespace) -> int:
     from moeslots.engine import synth
 
-    spec = synth.SynthSpec(
-        arch=a.arch, n_layer=a.layers, n_embd=a.n_embd, n_head=a.heads, n_head_kv=a.kv_heads, head_dim=a.head_dim,
-        n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.expert_ff, n_ff=a.ff, n_vocab=a.vocab,
-        nextn=not a.no_nextn if a.arch == "glm4moe" else False, const_head=a.const_head, dtype=a.dtype,
-        seed=a.seed, n_ctx=a.ctx,
-    )
+    try:
+        spec = synth.SynthSpec(
+            arch=a.arch, n_layer=a.layers, n_embd=a.n_embd, n_head=a.heads, n_head_kv=a.kv_heads,
+            head_dim=a.head_dim, n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.expert_ff, n_ff=a.ff,
+            n_vocab=a.vocab, nextn=not a.no_nextn and a.arch in synth.NEXTN_ARCHS, const_head=a.const_head,
+            dtype=a.dtype, seed=a.seed, n_ctx=a.ctx, merged_gate_up=a.merged_gate_up,
+            full_attn_interval=a.full_attn_interval, ssm_state=a.ssm_state, ssm_groups=a.ssm_groups,
+            ssm_v_heads=a.ssm_v_heads, rope_dim=a.rope_dim, n_ff_shexp=a.shexp_ff, q_lora=a.q_lora,
+            kv_lora=a.kv_lora, qk_nope=a.qk_nope, v_head=a.v_head, expert_groups=a.expert_groups,
+            group_used=a.group_used)
+    except ValueError as e:
+        raise UserError(f"synth: {e}") from None
     out = Path(a.output)
     from rich.console import Console
 
@@ -211,7 +217,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         try:
             text = Path(a.prompt_file).read_text(encoding="utf-8") if a.prompt_file else None
             mrows = bench.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,
-                                  pack_host=a.pack_host, prompt_text=text, mtp_head=a.mtp_head, log=print)
+                                  pack_host=a.pack_host, prompt_text=text, mtp_head=a.mtp_head,
+                                  replay_from=a.replay, mmap=not a.no_mmap, log=print)
         except ValueError as e:
             raise UserError(str(e)) from None
         if a.json:
@@ -561,8 +568,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="write a synthetic MoE GGUF (tests, benchmarks) and check its routing")
     s.add_argument("-o", "--output", required=True)
-    s.add_argument("--arch", choices=["glm4moe", "qwen3moe"], default="glm4moe")
-    s.add_argument("--layers", type=int, default=4, help="trunk layers (glm4moe: the first is dense)")
+    s.add_argument("--arch", choices=["glm4moe", "qwen3moe", "qwen35moe", "deepseek2"], default="glm4moe",
+                   help="glm4moe (GLM-4.5 style); qwen3moe (Qwen3-30B-A3B); qwen35moe (Qwen3.5/3.6-35B-A3B: gated "
+                   "delta-net + full attention, shared expert); deepseek2 (GLM-4.7-Flash: MLA, shared expert, "
+                   "biased sigmoid gating)")
+    s.add_argument("--layers", type=int, default=4, help="trunk layers (glm4moe, deepseek2: the first is dense)")
     s.add_argument("--n-embd", type=int, default=256)
     s.add_argument("--heads", type=int, default=4)
     s.add_argument("--kv-heads", type=int, default=2)
@@ -576,7 +586,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=["f32", "f16"], default="f16")
     s.add_argument("--quant", choices=["none", "q8_0", "q4_k_m", "q4_k"], default="none",
                    help="q8_0/q4_k_m: quantize through the engine; q4_k: write Q4_K blocks directly (big shapes)")
-    s.add_argument("--no-nextn", action="store_true", help="glm4moe without the NextN (MTP) block")
+    s.add_argument("--no-nextn", action="store_true", help="no NextN (MTP) block (glm4moe, qwen35moe, deepseek2)")
+    s.add_argument("--merged-gate-up", action="store_true", help="experts as one ffn_gate_up_exps tensor")
+    s.add_argument("--shexp-ff", type=int, default=None, help="qwen35moe: shared expert width (default --expert-ff)")
+    s.add_argument("--rope-dim", type=int, default=None,
+                   help="rotary dims per head (qwen35moe: head dim / 4; deepseek2: 32)")
+    s.add_argument("--full-attn-interval", type=int, default=4, help="qwen35moe: every N-th layer full attention")
+    s.add_argument("--ssm-state", type=int, default=32, help="qwen35moe: linear-attention head dim")
+    s.add_argument("--ssm-groups", type=int, default=2, help="qwen35moe: linear-attention K heads")
+    s.add_argument("--ssm-v-heads", type=int, default=4, help="qwen35moe: linear-attention V heads")
+    s.add_argument("--q-lora", type=int, default=64, help="deepseek2: Q low-rank dim")
+    s.add_argument("--kv-lora", type=int, default=64, help="deepseek2: KV latent dim")
+    s.add_argument("--qk-nope", type=int, default=32, help="deepseek2: per-head Q/K dims without rotary")
+    s.add_argument("--v-head", type=int, default=64, help="deepseek2: per-head V dim")
+    s.add_argument("--expert-groups", type=int, default=0, help="deepseek2: expert groups (0: none)")
+    s.add_argument("--group-used", type=int, default=0, help="deepseek2: groups each token routes within")
     s.add_argument("--const-head", action="store_true", help="every head agrees (all logits equal): MTP accepts")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-check", action="store_true", help="skip the routing check")
