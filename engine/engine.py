@@ -19,7 +19,7 @@ import numpy as np
 from moeslots.engine import autoprofile, discovery, hardware
 from moeslots.engine import cache as cache_mod
 from moeslots.engine import model as model_mod
-from moeslots.engine import native
+from moeslots.engine import native, recurrent
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
@@ -249,6 +249,7 @@ class Engine:
         self._stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self._rec_tokens = 0
         self._reread = False
+        self._ckpt: recurrent.Checkpoint | None = None   # recurrent models: the state where the last prompt ended
         self._auto: autoprofile.AutoProfile | None = None
         try:
             self._auto = autoprofile.attach(self) if cfg.auto_profile else None   # may set self.cfg.profile
@@ -370,16 +371,10 @@ class Engine:
         p = 0
         while p < min(len(toks) - 1, len(self._tokens)) and toks[p] == self._tokens[p]:
             p += 1
-        reread = p < len(self._tokens) and not ctx.can_truncate(p)
+        had = len(self._tokens)
         self._tokens = []                                # until the prompt is in: a failed turn leaves no stale KV
-        try:
-            self._cut(0 if reread else p)
-        except EngineError:
-            if reread or p == 0:
-                raise
-            reread = True
-            self._cut(0)
-        p = 0 if reread else p
+        p = self._keep_prefix(p, had)
+        reread = p == 0 and had > 0
         self._tokens = toks[:p]
         with self._lock:
             self._reread = reread
@@ -387,6 +382,8 @@ class Engine:
         t0 = time.perf_counter()
         ctx.decode(toks[p:], prompt=True)
         self._tokens = list(toks)
+        if self.model.recurrent:
+            self._ckpt = recurrent.save(ctx)           # the next turn resumes here (its prompt starts with this one)
         if self.mtp is not None:
             self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work
         if self._auto is not None:
@@ -449,6 +446,30 @@ class Engine:
         yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
                              hits / (hits + miss) if hits + miss else 0.0, reread), "".join(text))
 
+    def _keep_prefix(self, p: int, had: int) -> int:
+        """Cut both contexts back to p, the prefix this prompt shares with what they hold (`had` positions); returns
+        the position kept: p, or on a recurrent model that cannot cut that far the last prompt's checkpoint
+        (engine.recurrent), or 0 (the prompt is read again from the start)."""
+        ck = self._ckpt
+        if p < had and not self.ctx.can_truncate(p):
+            if ck is not None and 0 < ck.pos <= p:
+                try:
+                    recurrent.restore(self.ctx, ck)
+                    if self.mtp is not None:
+                        self.mtp.truncate(ck.pos)
+                    return ck.pos
+                except EngineError:
+                    pass
+            p = 0
+        try:
+            self._cut(p)
+            return p
+        except EngineError:
+            if p == 0:
+                raise
+        self._cut(0)
+        return 0
+
     def _cut(self, p: int) -> None:
         self.ctx.truncate(p)
         if self.mtp is not None:
@@ -463,6 +484,7 @@ class Engine:
             if self.mtp is not None:
                 self.mtp.truncate(0)
             self._tokens = []
+            self._ckpt = None
 
     def set_repick(self, every: int, swaps: int | None = None, *, auto: bool = False) -> str:
         """Turn adaptive residency on (re-pick every `every` decode tokens) or off (0); effective from the next

@@ -101,6 +101,7 @@ def _chat(e: Engine, turns: int, *, switch_at: int = 2) -> tuple[list[str], list
     f = e.model.facts
     msgs: list[Message] = []
     texts, rereads = [], []
+    full_prompt_reads = 0
     for turn in range(turns):
         if turn == switch_at:
             e.set_slots(SlotPlan.uniform([il for il in f.moe_layers if il < f.n_layer], f.n_expert // 2, f.n_expert))
@@ -109,16 +110,19 @@ def _chat(e: Engine, turns: int, *, switch_at: int = 2) -> tuple[list[str], list
         assert done.stats.tokens > 0 and not done.stats.cancelled
         texts.append(done.text)
         rereads.append(done.stats.reread)
+        prompt_len = len(e._tokens) - done.stats.tokens
+        full_prompt_reads += done.stats.prompt_tokens >= prompt_len
         msgs.append(Message("assistant", done.text))
+    assert full_prompt_reads == 1, "only the first turn reads its whole prompt"
     return texts, rereads
 
 
 @pytest.mark.parametrize("arch", ["qwen35moe", "deepseek2"])
 def test_five_turn_chat_mtp_on_and_off_same_text(arch_models: dict[str, Path], arch: str) -> None:
-    """Five turns, slots changed before the third, with MTP off and at draft 1 and 3: the same greedy text. On
-    qwen35moe every follow-up turn's prefix cut needs recurrent state the context no longer has: it re-reads the
-    prompt (TurnStats.reread, the inspector says so) instead of failing; deepseek2 keeps its prefix."""
-    base = EngineConfig(model=arch_models[arch], n_ctx=1024, threads=2, pack_host=True, max_tokens=20)
+    """Five turns, slots changed before the third, with MTP off and at draft 1 and 3: the same greedy text, and
+    every follow-up turn reads only what is new — on qwen35moe from the recurrent checkpoint of the last prompt (its
+    recurrent memory cannot be cut back over the reply), on deepseek2 by cutting the KV cache."""
+    base = EngineConfig(model=arch_models[arch], n_ctx=1024, threads=2, pack_host=True, max_tokens=12)
     runs = {}
     for mtp, draft in [(False, 1), (True, 1), (True, 3)]:
         e = Engine(dataclasses.replace(base, mtp=mtp, mtp_draft=draft))
@@ -132,24 +136,65 @@ def test_five_turn_chat_mtp_on_and_off_same_text(arch_models: dict[str, Path], a
             e.close()
     texts = {k: v[0] for k, v in runs.items()}
     assert texts[(True, 1)] == texts[(False, 1)] and texts[(True, 3)] == texts[(False, 1)]
-    rereads = runs[(False, 1)][1]
-    assert rereads[0] is False
-    if arch == "qwen35moe":
-        assert all(rereads[1:])
-    else:
-        assert not any(rereads)
+    assert not any(r for _, rereads in runs.values() for r in rereads)
+
+
+def test_checkpoint_restore_is_exact(arch_models: dict[str, Path]) -> None:
+    """Prompt A, checkpoint, reply tokens B (plus a pending draft rollback), restore, then C: the same logits, bit
+    for bit, as A then C on a fresh context."""
+    from moeslots.engine import recurrent
+
+    with Model(arch_models["qwen35moe"]) as m:
+        a, b, c = (_tokens(m.n_vocab, n, s) for n, s in ((30, 1), (12, 2), (9, 3)))
+        with Context(m, n_ctx=256, threads=2, rollback=1) as ref:
+            ref.decode(a)
+            ref.decode(c)
+            want = ref.logits().copy()
+        with Context(m, n_ctx=256, threads=2, rollback=1) as ctx:
+            ctx.decode(a)
+            ck = recurrent.save(ctx)
+            assert ck.pos == 30 and ck.nbytes > 0
+            for t in b:
+                ctx.decode([t])
+            ctx.decode(b[:2])
+            ctx.truncate(ctx.n_past - 1)
+            assert not ctx.can_truncate(30)
+            recurrent.restore(ctx, ck)
+            assert ctx.n_past == 30
+            ctx.decode(c)
+            assert np.array_equal(ctx.logits(), want)
+
+
+def _turn(e: Engine, msgs: list[Message]) -> Done:
+    return [ev for ev in e.chat(msgs) if isinstance(ev, Done)][-1]
+
+
+def test_an_edited_history_re_reads_and_says_so(arch_models: dict[str, Path]) -> None:
+    """The checkpoint covers the last prompt only: a follow-up after an edited earlier message re-reads everything
+    (TurnStats.reread, Snapshot.reread for the inspector), and the next plain follow-up resumes again."""
+    e = Engine(EngineConfig(model=arch_models["qwen35moe"], n_ctx=512, threads=2, pack_host=True, max_tokens=8))
+    try:
+        first = _turn(e, [Message("user", "one")])
+        edited = [Message("user", "uno"), Message("assistant", first.text), Message("user", "two")]
+        second = _turn(e, edited)
+        assert second.stats.reread and e.snapshot().reread and second.stats.tokens > 0
+        third = _turn(e, edited + [Message("assistant", second.text), Message("user", "three")])
+        assert not third.stats.reread and not e.snapshot().reread
+        assert third.stats.prompt_tokens < len(e._tokens) - third.stats.tokens
+    finally:
+        e.close()
 
 
 def test_a_failed_cut_recovers_by_re_reading(arch_models: dict[str, Path]) -> None:
-    """The engine's own check can be wrong (a rollback already pending): truncate fails, and the turn re-reads."""
+    """The engine's own check can be wrong and no checkpoint fit: truncate fails, and the turn re-reads."""
     e = Engine(EngineConfig(model=arch_models["qwen35moe"], n_ctx=512, threads=2, pack_host=True, max_tokens=8,
                             mtp=False))
     try:
         msgs = [Message("user", "one")]
-        first = [ev for ev in e.chat(msgs) if isinstance(ev, Done)][-1]
+        first = _turn(e, msgs)
         e.ctx.can_truncate = lambda pos: True                    # type: ignore[method-assign]
-        msgs += [Message("assistant", first.text), Message("user", "two")]
-        second = [ev for ev in e.chat(msgs) if isinstance(ev, Done)][-1]
+        e._ckpt = None
+        second = _turn(e, msgs + [Message("assistant", first.text), Message("user", "two")])
         assert second.stats.reread and second.stats.tokens > 0
     finally:
         e.close()
