@@ -12,7 +12,10 @@ at the start:
   0. reference: no slots at all (what the cache buys).
 Each session decodes at least N tokens of the model's own greedy text (temperature 0) for one user prompt; when
 the model ends its reply earlier, "Continue." turns follow until N tokens are decoded. Decode tok/s is over those
-turns (prompt time apart). Not random tokens: the routing is the model's own on its own text.
+turns (prompt time apart). Routing: the model's own on its own text by default — on a random-weight model that
+text repeats itself, and so does its routing (fake locality that flatters any cache); `--replay uniform|TRACE`
+routes every session through recorded (or uniform random) expert ids instead, each session through its own rows,
+so the saved profile is scored out of sample.
 """
 
 from __future__ import annotations
@@ -46,12 +49,16 @@ class Session:
 
 
 def run_session(name: str, model: Path, n: int, prompt: str, *, auto: bool, slots: int | str, pack_host: bool,
-                mtp: bool, threads: int | None) -> Session:
+                mtp: bool, threads: int | None, replay_rows: "object | None" = None) -> Session:
     from moeslots.engine.engine import Done, Engine, EngineConfig, Message
 
     eng = Engine(EngineConfig(model=model, n_ctx=max(4096, 2 * n + 1024), slots=slots, mtp=mtp, threads=threads,
                               pack_host=pack_host, auto_profile=auto, max_tokens=n))
     try:
+        if replay_rows is not None:
+            from moeslots.engine import replay
+
+            replay.set_replay(eng.ctx.ptr, replay_rows)   # type: ignore[arg-type]
         started_with = str(eng.cfg.profile or "")
         msgs = [Message("user", prompt)]
         tokens, decode_s, prompt_s, hits = 0, 0.0, None, []
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-mtp", action="store_true")
     ap.add_argument("--no-reference", action="store_true", help="skip the no-slots reference session")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--replay", metavar="uniform|TRACE", help="route through uniform random or recorded expert ids "
+                    "(each session its own rows) instead of the model's router")
     ap.add_argument("--json", help="also write the sessions as JSON")
     a = ap.parse_args(argv)
     model = Path(a.model)
@@ -101,15 +110,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"firstrun: {saved} exists already: give a fresh --data-dir", file=sys.stderr)
         return 2
     where = "slots in host memory (no speed-up expected)" if pack_host else "slots in VRAM"
-    print(f"model {model.name}; {where}; decode: the model's own greedy text, {a.n_tokens} tokens per session")
+    try:
+        tables = _replay_tables(a.replay, model, 3) if a.replay else [None] * 3
+    except (ValueError, EngineError) as e:
+        print(f"firstrun: {e}", file=sys.stderr)
+        return 2
+    routing = f"replayed {tables[0].source}, its own rows per session" if a.replay else "the model's own greedy text"
+    print(f"model {model.name}; {where}; routing: {routing}; {a.n_tokens} decode tokens per session")
     kw = dict(pack_host=pack_host, mtp=not a.no_mtp, threads=a.threads)
     try:
         first = run_session("1 no profile (planned from the first prompt)", model, a.n_tokens, prompt, auto=True,
-                            slots=slots, **kw)
+                            slots=slots, replay_rows=tables[0], **kw)
         second = run_session("2 next session (saved profile)", model, a.n_tokens, prompt, auto=True, slots=slots,
-                             **kw)
+                             replay_rows=tables[1], **kw)
         ref = None if a.no_reference else run_session("0 reference: no slots", model, a.n_tokens, prompt,
-                                                      auto=False, slots=0, **kw)
+                                                      auto=False, slots=0, replay_rows=tables[2], **kw)
     except EngineError as e:
         print(f"firstrun: {e}", file=sys.stderr)
         return 2
@@ -132,6 +147,22 @@ def main(argv: list[str] | None = None) -> int:
                                             "sessions": [dict(dataclasses.asdict(s), tok_s=s.tok_s) for s in rows]},
                                            indent=1))
     return 0 if picked else 1
+
+
+def _replay_tables(what: str, model: Path, parts: int) -> list:
+    """`parts` disjoint row ranges of one replay table (uniform random, or a trace's decode rows)."""
+    from moeslots.engine import replay
+    from moeslots.engine.model import inspect_gguf
+
+    f = inspect_gguf(model)
+    trunk = [il for il in f.moe_layers if il < f.n_layer]
+    full = (replay.uniform(parts * 2048, len(trunk), f.n_expert, f.n_expert_used, seed=3) if what == "uniform"
+            else replay.from_trace(Path(what), f.n_expert, f.n_expert_used))
+    r = full.n_rows // parts
+    if r < 512:
+        raise ValueError(f"{what}: {full.n_rows} rows, too few for {parts} sessions of 512")
+    return [replay.ReplayTable(full.ids[i * r:(i + 1) * r], f"{full.source}, rows {i * r}-{(i + 1) * r - 1}")
+            for i in range(parts)]
 
 
 if __name__ == "__main__":
