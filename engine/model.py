@@ -91,16 +91,10 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if magic != GGUF_MAGIC:
         raise ModelError(f"{path} is not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
     try:
-        import gguf
+        from moeslots.engine import ggufhead
 
-        r = gguf.GGUFReader(str(path))
-
-        def get(key: str, default: Any = None) -> Any:
-            f = r.get_field(key)
-            if f is None:
-                return default
-            v = f.contents()
-            return v
+        h = ggufhead.read_header(path)      # header only: GGUFReader parses a 150k-token vocabulary for seconds
+        get = h.get
 
         arch = str(get("general.architecture", ""))
         n_block = int(get(f"{arch}.block_count", 0))
@@ -111,10 +105,10 @@ def inspect_gguf(path: Path) -> ModelFacts:
         name = str(get("general.name", path.stem))
         first = n_dense
         slab = 0
-        names = {t.name for t in r.tensors}
-        for t in r.tensors:
+        names = {t.name for t in h.tensors}
+        for t in h.tensors:
             if t.name.startswith(f"blk.{first}.ffn_") and "_exps." in t.name and n_expert > 0:
-                slab += int(t.n_bytes) // n_expert
+                slab += int(t.nbytes) // n_expert
         biased = sorted(n for n in names if _EXPERT_BIAS.match(n))
         nextn_tensors = n_nextn == 0 or f"blk.{n_block - n_nextn}.nextn.eh_proj.weight" in names
     except Exception as e:  # noqa: BLE001 - any parse failure of a damaged file is the same user error
