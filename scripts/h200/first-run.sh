@@ -67,5 +67,9 @@ log "models found (the picker's list)"
 ( cd "$(dirname "$MODEL")" && $M models ) || true
 
 log "first run: no profile vs the next session with the saved profile ($N decode tokens each)"
-time python3 -P scripts/firstrun.py "$MODEL" -n "$N" --threads "$(nproc)" --json "$OUT/firstrun.json"
+# routing: the bundled chat trace replayed, each session through its own rows (REPLAY= for the model's own text,
+# which on a random-weight model repeats itself and flatters any cache)
+REPLAY=${REPLAY-profiles/data/moeslots-tiny-glm4moe-chat.csv}
+time python3 -P scripts/firstrun.py "$MODEL" -n "$N" --threads "$(nproc)" ${REPLAY:+--replay "$REPLAY"} \
+  --json "$OUT/firstrun.json"
 } 2>&1 | tee "$OUT/first-run.txt"
