@@ -654,6 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "decoding, committed between steps (as the engine does), instead of synchronous swaps")
     bn.add_argument("--json", help="also write the rows as JSON")
     bn.set_defaults(func=cmd_bench)
+    from moeslots import bench_app
+
+    bench_app.add_parser(sub)                  # `moeslots bench app MODEL ...`: the app beside the engine alone
 
     r = sub.add_parser("record", help="record a routing trace (profile) while the model answers prompt files")
     r.add_argument("model")
@@ -738,7 +741,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from moeslots.engine.errors import EngineError
 
     parser = build_parser()
-    a = parser.parse_args(argv)
+    from moeslots import bench_app
+
+    a = parser.parse_args(bench_app.rewrite_argv(list(sys.argv[1:] if argv is None else argv)))
     if a.cmd is None:
         a = parser.parse_args(["app"])
     try:

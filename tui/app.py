@@ -145,6 +145,7 @@ class MoeslotsApp(App[None]):
         self._assistant: ChatMessage | None = None
         self._stream: Any = None
         self._last_answer = ""
+        self.last_turn: Any = None        # the last reply's TurnStats (the engine's numbers; `bench app` reads them)
         self._inspector_visible = True
         self._user_toggled = False        # once the user toggles the inspector, resizing no longer hides it
         self._repick_seen = int(getattr(getattr(engine, "cfg", None), "repick_every", 0) or 0)
@@ -269,6 +270,7 @@ class MoeslotsApp(App[None]):
             await self._stream.stop()
             self._stream = None
         cancelled = bool(event.stats and event.stats.cancelled)
+        self.last_turn = event.stats
         if event.error:
             self.notify(f"generation failed: {event.error}", severity="error", timeout=10)
         if self._assistant is not None:
