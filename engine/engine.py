@@ -20,6 +20,7 @@ from moeslots.engine import autoprofile, discovery, hardware
 from moeslots.engine import cache as cache_mod
 from moeslots.engine import model as model_mod
 from moeslots.engine import native, recurrent
+from moeslots.engine import recent as recent_mod
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
@@ -241,6 +242,8 @@ class Engine:
         self.load_line = "expert cache: off"
         self._rec: list[np.ndarray] | None = None   # routing rows recorded so far (while recording)
         self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
+        self._recent = recent_mod.RecentCounts(self.model.n_layer_all, self.model.facts.n_expert,
+                                               self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
         self._since_repick = 0
         self._repicks = self._repick_swaps = self._repick_bytes = 0
         self._auto_line = ""                               # --repick auto: the last decision, for the snapshot
@@ -693,25 +696,11 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            st = self.ctx.read_stats()
-            plan = self._plan
-            f = self.model.facts
-            recent = st.ring[st.ring[:, 0] >= 0]
-            # recent picks per (layer, expert) in one pass over the ring (this runs every UI refresh)
-            keys = (recent[:, 1:2].astype(np.int64) * f.n_expert + recent[:, 2:]).ravel()
-            counts = np.bincount(keys, minlength=self.model.n_layer_all * f.n_expert).reshape(-1, f.n_expert)
-            layers = []
-            for il in f.moe_layers:
-                if il >= f.n_layer:
-                    continue
-                slots = plan.slots_of(il)
-                rc = counts[il]
-                tot = int(st.hits[il] + st.misses[il])
-                rtot = int(rc.sum())
-                r_hit = int(sum(rc[e] for e in slots))
-                layers.append(LayerSnapshot(
-                    il, slots, tuple(int(rc[e]) for e in slots), tuple(int(st.picks_decode[il, e]) for e in slots),
-                    int(st.hits[il]) / tot if tot else 0.0, (rtot - r_hit) / rtot if rtot else 0.0))
+            plan, f, ptr = self._plan, self.model.facts, self.ctx.ptr
+            st = self._recent.update(lambda rows: stats_mod.read(ptr, self.model.n_layer_all, f.n_expert,
+                                                                 f.n_expert_used, rows))   # the new rows only
+            layers = [LayerSnapshot(*v) for v in recent_mod.layer_views(
+                self._recent.counts, st, plan.slots_of, [il for il in f.moe_layers if il < f.n_layer])]
             n_dec = self._decode_tokens
             misses = int(st.misses.sum())
             whatif = self._whatif[0]

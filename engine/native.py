@@ -38,6 +38,9 @@ def llama() -> Any:
     L.llama_backend_init()
     _set_quiet_logging(L)
     _bind(L._lib)
+    from moeslots.engine import gil
+
+    gil.hold_gil(L)                      # per-token calls keep the GIL: only llama_decode lets go of it
     return L
 
 
