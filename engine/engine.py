@@ -26,6 +26,7 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
 from moeslots.engine.mtp import MTP, sample
+from moeslots.engine.mtp_auto import AdaptiveMTP
 
 if TYPE_CHECKING:
     from moeslots.profiles.simulate import CostModel
@@ -45,6 +46,7 @@ class EngineConfig:
     profile: Path | None = None
     mtp: bool = True                                # MTP drafts when the model has a NextN block
     mtp_draft: int = 1                              # draft length
+    mtp_auto: bool = True                           # drafting off while acceptance < measured break-even (mtp_auto)
     mtp_head_on_gpu: bool = True                    # the NextN block's experts on the GPU (else host, no slots):
                                                     # the fastest placement on the H200 box (docs/benchmarks.md)
     threads: int | None = None
@@ -139,6 +141,7 @@ class Snapshot:
     repick_every: int = 0                 # the interval in force (0: static)
     repick_auto: str = ""                 # `--repick auto`: its last decision and why ("" when not on auto)
     reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
+    mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
@@ -244,6 +247,7 @@ class Engine:
         self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
         self._recent = recent_mod.RecentCounts(self.model.n_layer_all, self.model.facts.n_expert,
                                                self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
+        self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
         self._since_repick = 0
         self._repicks = self._repick_swaps = self._repick_bytes = 0
         self._auto_line = ""                               # --repick auto: the last decision, for the snapshot
@@ -406,7 +410,7 @@ class Engine:
             if m.is_eog(x) or ctx.n_past + 2 + (self.mtp.n_draft if self.mtp else 0) >= ctx.n_ctx:
                 break
             if self.mtp is not None:
-                emitted = self.mtp.step(self._tokens, x, self.cfg.temperature, self._rng)   # appends to _tokens
+                emitted = (self.mtp_auto or self.mtp).step(self._tokens, x, self.cfg.temperature, self._rng)
                 new, x = emitted[:-1], emitted[-1]
             else:
                 ctx.decode([x])
@@ -712,6 +716,7 @@ class Engine:
                 prompt_tok_s=self._prompt_tok_s,
                 mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
+                mtp_line=self.mtp_auto.line() if self.mtp_auto else ("MTP on (always)" if self.mtp else ""),
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=self._repicks, repick_swaps=self._repick_swaps,
                 repick_mb=self._repick_bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=self._auto_line,
