@@ -1,11 +1,13 @@
 """The moeslots terminal app: chat on the left, the live cache inspector on the right (a tab on narrow terminals).
 
-It only draws engine snapshots: every engine call runs in a worker thread, tokens reach the UI in batches
-(~40 ms), the inspector polls `engine.snapshot()` every 250 ms while visible.
+It only draws engine snapshots: every engine call runs in a worker thread; a reply's text reaches the screen ten
+times a second (tui/stream.py: the generating thread never waits on the UI, an update costs the new text), the
+inspector polls `engine.snapshot()` every 250 ms while visible and redraws only what changed.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,12 +20,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message as TMessage
 from textual.screen import Screen
-from textual.widgets import Digits, Footer, Header, Label, Markdown, Sparkline, Static, TextArea
+from textual.widgets import Footer, Header, Markdown, Static
 
+from moeslots.tui.inspector import Inspector
+from moeslots.tui.widgets.chat import ChatMessage, Prompt, printable
 from moeslots.tui.screens.modals import NameScreen, SlotsScreen
 from moeslots.tui.store import Store, data_dir
+from moeslots.tui.stream import STREAM_EVERY, LiveTail, ReplyBuffer, ReplyView
 from moeslots.tui.widgets.heatmap import SlotHeatmap
-from moeslots.tui.widgets.splitbar import SplitBar
 
 
 class EngineLike(Protocol):
@@ -40,71 +44,13 @@ class EngineLike(Protocol):
     def close(self) -> None: ...
 
 
-class Prompt(TextArea):
-    """Enter sends; Shift+Enter and Ctrl+J insert a newline; Esc stops generation (handled by the app)."""
-
-    class Send(TMessage):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
-
-    BINDINGS = [Binding("ctrl+j", "newline", "Newline", show=False, id="prompt.newline")]
-
-    async def _on_key(self, event: Any) -> None:
-        if event.key == "enter":
-            event.prevent_default()
-            event.stop()
-            text = self.text.strip()
-            if text:
-                self.post_message(self.Send(self.text))
-            return
-        if event.key == "shift+enter":
-            event.prevent_default()
-            event.stop()
-            self.insert("\n")
-            return
-        await super()._on_key(event)
-
-    def action_newline(self) -> None:
-        self.insert("\n")
-
-
-class ChatMessage(Vertical):
-    DEFAULT_CSS = """
-    ChatMessage { height: auto; margin: 0 0 1 0; }
-    ChatMessage > .who { color: $text-muted; text-style: bold; }
-    ChatMessage.user > .who { color: $accent; }
-    ChatMessage > Markdown { margin: 0; padding: 0; }
-    """
-
-    def __init__(self, role: str, text: str = ""):
-        super().__init__(classes=role)
-        self.role, self.text = role, text
-
-    def compose(self) -> ComposeResult:
-        yield Label("you ▸" if self.role == "user" else "assistant ▸", classes="who")
-        yield Markdown(printable(self.text))
-
-
-_CONTROL = {c: "\ufffd" for c in range(32) if c not in (9, 10)} | {127: "\ufffd"}
-
-
-def printable(text: str) -> str:
-    """Model text with terminal control characters (ESC, BEL, CR...) replaced: a reply must never drive the
-    terminal (random-weight models emit raw byte tokens; real ones can too)."""
-    return text.translate(_CONTROL)
-
-
-class TokensArrived(TMessage):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
 class ReplyDone(TMessage):
     def __init__(self, text: str, stats: Any, error: str | None = None) -> None:
         super().__init__()
         self.text, self.stats, self.error = text, stats, error
+
+
+SWITCH_INTERVAL = 0.0005      # seconds; sys.setswitchinterval while the app runs
 
 
 class MoeslotsApp(App[None]):
@@ -143,7 +89,9 @@ class MoeslotsApp(App[None]):
         self._generating = False
         self._pending_prompt = ""
         self._assistant: ChatMessage | None = None
-        self._stream: Any = None
+        self._stream: ReplyView | None = None
+        self._reply = ReplyBuffer()       # the generating thread puts text, _pump takes it
+        self._pumping = False
         self._last_answer = ""
         self.last_turn: Any = None        # the last reply's TurnStats (the engine's numbers; `bench app` reads them)
         self._inspector_visible = True
@@ -158,19 +106,7 @@ class MoeslotsApp(App[None]):
             with Vertical(id="chat-pane"):
                 yield VerticalScroll(id="chat-log")
                 yield Prompt(id="prompt")
-            with Vertical(id="inspector"):
-                yield Label("Inspector", classes="title")
-                yield Static("", id="load-line")
-                with Horizontal(id="speed"):
-                    yield Digits("0.0", id="toks")
-                    yield Label("tok/s", id="toks-unit")
-                yield Sparkline([], id="toks-history")
-                yield Static("", id="prompt-speed")
-                yield SplitBar(id="split")
-                yield Static("", id="uploads")
-                yield Static("", id="whatif")
-                yield Static("", id="hover")
-                yield SlotHeatmap(id="heatmap")
+            yield Inspector(id="inspector")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -186,7 +122,15 @@ class MoeslotsApp(App[None]):
         self.query_one("#chat-log").scroll_end(animate=False)
         self.query_one(Prompt).focus()
         self.set_interval(0.25, self.refresh_inspector)
+        self._pump_timer = self.set_interval(STREAM_EVERY, self._pump, pause=True)
+        # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread
+        # to give it up at most this long: 0.5 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.on_resize()
+
+    def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
 
     def on_resize(self, event: Any = None) -> None:
         narrow = self.size.width < 110
@@ -228,52 +172,58 @@ class MoeslotsApp(App[None]):
         self.store.add(self.chat_id, "user", text)
         log = self.query_one("#chat-log", VerticalScroll)
         await log.mount(ChatMessage("user", text))
-        self._assistant = ChatMessage("assistant", "")
+        self._assistant = ChatMessage("assistant", "", streaming=True)
         await log.mount(self._assistant)
-        self._stream = Markdown.get_stream(self._assistant.query_one(Markdown))
+        self._stream = ReplyView(self._assistant.query_one(Markdown), self._assistant.query_one(LiveTail))
+        self._reply.take()
         log.scroll_end(animate=False)
+        self._pump_timer.resume()
         self.generate(self._messages(), self._cancel)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def generate(self, messages: list[Any], cancel: threading.Event) -> None:
         from moeslots.engine.engine import Done, TextDelta
 
-        buf: list[str] = []
-        last = time.monotonic()
+        put = self._reply.put                              # per token: a list append, never a wait on the UI
         text, stats, error = "", None, None
         try:
             for ev in self.engine.chat(messages, cancel=cancel):
                 if isinstance(ev, TextDelta):
-                    buf.append(ev.text)
-                    if time.monotonic() - last > 0.04:
-                        self.post_message(TokensArrived("".join(buf)))
-                        buf, last = [], time.monotonic()
+                    put(ev.text)
                 elif isinstance(ev, Done):
                     text, stats = ev.text, ev.stats
         except Exception as e:  # noqa: BLE001 - shown to the user; the chat stays usable
             error = str(e)
-        if buf:
-            self.post_message(TokensArrived("".join(buf)))
         self.post_message(ReplyDone(text, stats, error))
 
-    @on(TokensArrived)
-    async def tokens(self, event: TokensArrived) -> None:
-        if self._stream is not None:
-            await self._stream.write(printable(event.text))
+    async def _pump(self) -> None:
+        """Every STREAM_EVERY seconds while a reply streams: what came since, onto the screen."""
+        if self._pumping or self._stream is None:
+            return
+        text = self._reply.take()
+        if not text:
+            return
+        self._pumping = True
+        try:
+            await self._stream.write(printable(text))
+        finally:
+            self._pumping = False
         log = self.query_one("#chat-log", VerticalScroll)
         if log.max_scroll_y - log.scroll_y < 4:          # follow only when the user is near the bottom
             log.scroll_end(animate=False)
 
     @on(ReplyDone)
     async def reply_done(self, event: ReplyDone) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        self._pump_timer.pause()
+        stream, self._stream = self._stream, None
+        self._reply.take()
         cancelled = bool(event.stats and event.stats.cancelled)
         self.last_turn = event.stats
         if event.error:
             self.notify(f"generation failed: {event.error}", severity="error", timeout=10)
-        if self._assistant is not None:
+        if stream is not None:
+            await stream.finish(printable(event.text))
+        elif self._assistant is not None:
             await self._assistant.query_one(Markdown).update(printable(event.text))
         if cancelled and not event.text.strip():
             # nothing said: take the question back out of the chat
@@ -455,25 +405,10 @@ class MoeslotsApp(App[None]):
         rec = f" ● REC {getattr(self.engine, 'recorded_tokens', 0)} tok" if snap.recording else ""
         slots = len(snap.layers[0].slot_experts) if snap.layers else 0
         mtp = f" · MTP {snap.mtp_accepted}/{snap.mtp_drafted}" if snap.mtp_drafted else ""
-        self.title = f"moeslots · {slots} slots{mtp}{rec}"
-        base.query_one("#load-line", Static).update(snap.load_line)
-        base.query_one("#toks", Digits).update(f"{snap.tok_s_last:.1f}")
-        base.query_one("#toks-history", Sparkline).data = list(snap.tok_s_rolling) or [0.0]
-        acc = f"   MTP accept {snap.mtp_accepted / snap.mtp_drafted:.2f}" if snap.mtp_drafted else ""
-        base.query_one("#prompt-speed", Static).update(f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}")
-        base.query_one(SplitBar).share = snap.gpu_share
-        base.query_one("#uploads", Static).update(
-            f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token {snap.cpu_experts_per_token:.1f}"
-            f"   pack {snap.pack_bytes / 2**20:.0f} MiB")
-        n_rp = getattr(snap, "repicks", 0)
-        repick = (f"   re-picks {n_rp}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB "
-                  f"({snap.repick_mb / n_rp:.1f} MB each)" if n_rp else "")
-        if getattr(snap, "repick_auto", ""):
-            every = getattr(snap, "repick_every", 0)
-            repick += f"   auto: {f'every {every}' if every else 'static'}"
-        base.query_one("#whatif", Static).update((getattr(snap, "whatif", "") or "") + repick)
-        base.query_one(SlotHeatmap).update_layers(
-            [(ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share) for ls in snap.layers])
+        title = f"moeslots · {slots} slots{mtp}{rec}"
+        if self.title != title:
+            self.title = title
+        base.query_one(Inspector).show(snap)
 
     def on_mouse_move(self, event: Any) -> None:
         if self.screen is not self.screen_stack[0]:
@@ -485,8 +420,7 @@ class MoeslotsApp(App[None]):
         cell = hm.cell_at(off.x, off.y + int(hm.scroll_offset.y))
         if cell:
             layer, slot, expert, hits = cell
-            self.query_one("#hover", Static).update(f"layer {layer} · slot {slot} · expert {expert} · "
-                                                    f"{hits} recent hits")
+            self.query_one(Inspector).hover(f"layer {layer} · slot {slot} · expert {expert} · {hits} recent hits")
 
     async def action_quit(self) -> None:
         self._cancel.set()

@@ -148,11 +148,13 @@ async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path,
 
 
 async def _until(pilot: Any, cond: Callable[[], bool], timeout: float) -> None:
+    """Poll with plain sleeps: pilot.pause() would also visit every widget and force a screen refresh each time,
+    work the app does not do on its own."""
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"the app did not finish within {timeout:.0f} s")
-        await pilot.pause(0.05)
+        await asyncio.sleep(0.02)
 
 
 def run_app_side(engine: Any, prompt: str, replies: int, timeout: float = 600.0) -> SideResult:

@@ -331,3 +331,31 @@ async def test_repick_auto_switch_is_said(store: Store) -> None:
             toasts = [n.message for n in app._notifications if "re-pick every 16" in str(n.message)]
             assert len(toasts) == said, toasts
         assert "auto: every 16" in str(app.query_one("#whatif").render())
+
+
+async def test_inspector_touches_only_what_changed_and_shows_the_mtp_state(store: Store) -> None:
+    from moeslots.tui.inspector import Inspector
+
+    class MTPFake(FakeEngine):
+        line = ""
+
+        def snapshot(self) -> Snapshot:
+            return dataclasses.replace(super().snapshot(), mtp_line=self.line)
+
+    eng = MTPFake()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause(0.4)
+        insp = app.query_one(Inspector)
+        assert not app.query_one("#mtp").display and "MTP accept 0.70" in str(app.query_one("#prompt-speed").render())
+        n = insp.updates
+        app._draw_inspector()
+        app._draw_inspector()
+        assert insp.updates == n                                  # the same snapshot: nothing redrawn
+        eng.line = "MTP off (accept 12 % < 35 %; probe in 64 tokens)"
+        app._draw_inspector()
+        await pilot.pause()
+        assert insp.updates == n + 2                              # the MTP line, and the prompt line without it
+        assert app.query_one("#mtp").display
+        assert "MTP off (accept 12 % < 35 %" in str(app.query_one("#mtp").render())
+        assert "MTP accept" not in str(app.query_one("#prompt-speed").render())
