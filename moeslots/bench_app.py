@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
                    help="slots per layer (needs --profile; the bundled model has its own; default 0)")
     p.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
     p.add_argument("--no-mtp", action="store_true", help="no MTP drafts")
-    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: the app's default)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama.cpp threads (default: as the app, physical cores minus one)")
     p.add_argument("-n", "--n-tokens", type=int, default=128, help="decode tokens per reply at most")
     p.add_argument("--replies", type=int, default=3, help="replies per side (the median is reported)")
     p.add_argument("--prompt", default=None, help="the user turn (default: a coding question)")
@@ -40,7 +41,7 @@ def cmd_bench_app(a: argparse.Namespace) -> int:
     from moeslots.cli import UserError
     from moeslots.engine import bundled, native
     from moeslots.engine.engine import Engine, EngineConfig
-    from moeslots.engine.model import default_threads
+    from moeslots.engine.threads import app_threads
     from moeslots.tui import appbench
 
     model = Path(a.model)
@@ -60,7 +61,7 @@ def cmd_bench_app(a: argparse.Namespace) -> int:
         profile = bundled.profile("merged")
     if a.n_tokens + 256 > a.ctx:
         raise UserError(f"-n {a.n_tokens} needs --ctx of at least {a.n_tokens + 256}")
-    threads = a.threads or default_threads()
+    threads = a.threads or app_threads()
     pack_host = not native.gpus()
     eng = Engine(EngineConfig(model=model, n_ctx=a.ctx, slots=a.slots or 0, profile=profile, mtp=not a.no_mtp,
                               threads=threads, pack_host=pack_host, mmap=not a.no_mmap, max_tokens=a.n_tokens))

@@ -427,6 +427,9 @@ def _open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
     n_or_auto: int | str = slots if slots == "auto" else _int_arg("--slots", slots)
     every, swaps = _parse_repick(repick)
+    from moeslots.engine.threads import app_threads
+
+    threads = threads or app_threads()         # the app keeps a physical core for its UI (engine/threads.py)
     eng = Engine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp, threads=threads,
                               pack_host=pack_host, repick_every=every, repick_swaps=swaps, async_cpu=async_cpu,
                               mmap=mmap, repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
