@@ -4,8 +4,10 @@ control tokens the chat template uses."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
+from typing import Iterator
 
 CONTROL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "[gMASK]", "<sop>"]
 CHAT_TEMPLATE = (
@@ -57,6 +59,16 @@ class Tokenizer:
     bos: int
 
 
+def _filler(space: str) -> Iterator[str]:
+    """Two-letter strings, then with a leading space, then three letters, four... A reply of random tokens from a
+    150k+ vocabulary stays a few bytes per token, so it re-tokenizes to a few tokens each, not dozens."""
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    for n in itertools.count(2):
+        for lead in ("", space):
+            for combo in itertools.product(letters, repeat=n):
+                yield lead + "".join(reversed(combo))
+
+
 def build_tokenizer(n_vocab: int) -> Tokenizer:
     """Byte-level BPE: 256 byte tokens, merges learned on a small corpus, then filler tokens, then controls."""
     n_normal = n_vocab - len(CONTROL_TOKENS)
@@ -91,12 +103,10 @@ def build_tokenizer(n_vocab: int) -> Tokenizer:
                     out.append(s[i])
                     i += 1
             seqs[w] = out
-    # filler: printable two-letter strings (never produced by merges, but decodable text when sampled)
-    letters = "etaoinshrdlucmfwypvbgkjqxz"
-    i = 0
+    # filler: short printable strings (never produced by merges, but decodable text when sampled)
+    filler = _filler(b2u[ord(" ")])
     while len(tokens) < n_normal:
-        s = b2u[ord(" ")] * (i // (26 * 26) % 2) + letters[i % 26] + letters[(i // 26) % 26] + "x" * (i // (2 * 26 * 26))
-        i += 1
+        s = next(filler)
         if s not in known:
             tokens.append(s)
             known.add(s)

@@ -143,3 +143,12 @@ def test_writer_streams_and_is_atomic(tmp_path: Path, monkeypatch: pytest.Monkey
         synth.write_model(TINY_GLM, out, progress=boom)
     assert not out.exists() and not list(tmp_path.glob("*.part"))   # no half-written model left behind
     assert calls == sorted(calls)
+
+
+def test_big_vocabularies_keep_filler_tokens_short() -> None:
+    """A Qwen-sized vocabulary (248k): every filler token a few letters, so a reply of random tokens re-tokenizes to
+    a few tokens each (long filler made a 128-token reply re-read as ~11,000 tokens on the next chat turn)."""
+    tok = synth.build_tokenizer(248_320)
+    assert len(tok.tokens) == len(set(tok.tokens)) == 248_320
+    normal = [t for t, ty in zip(tok.tokens, tok.types) if ty == 1]
+    assert max(len(t) for t in normal) <= 10 and sum(map(len, normal)) / len(normal) < 5.5
