@@ -50,7 +50,7 @@ class ReplyDone(TMessage):
         self.text, self.stats, self.error = text, stats, error
 
 
-SWITCH_INTERVAL = 0.0005      # seconds; sys.setswitchinterval while the app runs
+SWITCH_INTERVAL = 0.0001      # seconds; sys.setswitchinterval while the app runs
 
 
 class MoeslotsApp(App[None]):
@@ -124,7 +124,7 @@ class MoeslotsApp(App[None]):
         self.set_interval(0.25, self.refresh_inspector)
         self._pump_timer = self.set_interval(STREAM_EVERY, self._pump, pause=True)
         # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread
-        # to give it up at most this long: 0.5 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
+        # to give it up at most this long: 0.1 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
         self.on_resize()
@@ -178,7 +178,7 @@ class MoeslotsApp(App[None]):
         self._reply.take()
         log.scroll_end(animate=False)
         self._pump_timer.resume()
-        self.generate(self._messages(), self._cancel)
+        self.call_after_refresh(self.generate, self._messages(), self._cancel)   # after the new messages are drawn
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def generate(self, messages: list[Any], cancel: threading.Event) -> None:
