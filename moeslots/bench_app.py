@@ -22,12 +22,14 @@ def add_parser(sub: Any) -> None:
                    help="slots per layer (needs --profile; the bundled model has its own; default 0)")
     p.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
     p.add_argument("--no-mtp", action="store_true", help="no MTP drafts")
+    p.add_argument("--mtp-always", action="store_true", help="draft every step (default: drafting goes off while "
+                   "acceptance is below the measured break-even, as in the app)")
     p.add_argument("--threads", type=int, default=None,
                    help="llama.cpp threads (default: as the app, physical cores minus one)")
     p.add_argument("-n", "--n-tokens", type=int, default=128, help="decode tokens per reply at most")
     p.add_argument("--replies", type=int, default=3, help="replies per side (the median is reported)")
     p.add_argument("--prompt", default=None, help="the user turn (default: a coding question)")
-    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--ctx", type=int, default=2048, help="context length (at least -n + 256)")
     p.add_argument("--no-mmap", action="store_true", help="experts read into pinned host memory, not mapped")
     p.add_argument("--json", help="also write the result as JSON")
     p.set_defaults(func=cmd_bench_app)
@@ -63,8 +65,11 @@ def cmd_bench_app(a: argparse.Namespace) -> int:
         raise UserError(f"-n {a.n_tokens} needs --ctx of at least {a.n_tokens + 256}")
     threads = a.threads or app_threads()
     pack_host = not native.gpus()
+    if a.no_mtp and a.mtp_always:
+        raise UserError("--no-mtp and --mtp-always contradict each other")
     eng = Engine(EngineConfig(model=model, n_ctx=a.ctx, slots=a.slots or 0, profile=profile, mtp=not a.no_mtp,
-                              threads=threads, pack_host=pack_host, mmap=not a.no_mmap, max_tokens=a.n_tokens))
+                              mtp_auto=not a.mtp_always, threads=threads, pack_host=pack_host, mmap=not a.no_mmap,
+                              max_tokens=a.n_tokens))
     try:
         mtp = eng.mtp is not None
         res = appbench.run(eng, model=model.name, slots=a.slots or 0, threads=threads, mtp=mtp, n_tokens=a.n_tokens,

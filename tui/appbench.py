@@ -29,7 +29,7 @@ class SideResult:
     tokens: tuple[int, ...]         # decode tokens of each reply
     mtp_accept: float               # MTP acceptance over this side's replies (0 without MTP)
     text: str                       # the last reply
-    ui_busy: float = 0.0            # app: the UI thread's CPU time over the wall time of the replies
+    ui_busy: float = 0.0            # app: the UI thread's CPU time over the time the engine was generating
 
     @property
     def median(self) -> float:
@@ -46,23 +46,25 @@ class AppBenchResult:
     engine: SideResult
     app: SideResult
     same_text: bool                 # the app's reply is the engine alone's, character for character
+    mtp_line: str = ""              # the engine's MTP state after both sides (Snapshot.mtp_line)
+    cpus: int = 0                   # CPUs this process may run on
 
     @property
     def ratio(self) -> float:
         return self.app.median / self.engine.median if self.engine.median > 0 else 0.0
 
     def render(self) -> str:
-        acc = (f"; MTP accept {100 * self.engine.mtp_accept:.0f} % / {100 * self.app.mtp_accept:.0f} %"
-               if self.mtp else "")
+        acc = (f"; MTP accept {100 * self.engine.mtp_accept:.0f} % / {100 * self.app.mtp_accept:.0f} %, "
+               f"now: {self.mtp_line}" if self.mtp else "")
         return "\n".join([
-            f"{self.model}: {self.slots} slots/layer, {self.threads} threads, MTP {'on' if self.mtp else 'off'}, "
-            f"replies of up to {self.n_tokens} tokens{acc}",
+            f"{self.model}: {self.slots} slots/layer, {self.threads} threads of {self.cpus} CPUs, "
+            f"MTP {'on' if self.mtp else 'off'}, replies of up to {self.n_tokens} tokens{acc}",
             "| side | decode tok/s (median) | per reply | tokens |",
             "|---|---|---|---|",
             *(f"| {s.name} | {s.median:.1f} | {' '.join(f'{v:.0f}' for v in s.tok_s)} | "
               f"{' '.join(str(n) for n in s.tokens)} |" for s in (self.engine, self.app)),
             f"app / engine: {100 * self.ratio:.0f} %   same text: {'yes' if self.same_text else 'NO'}   "
-            f"UI thread busy {100 * self.app.ui_busy:.0f} % of the replies' wall time",
+            f"UI thread busy {100 * self.app.ui_busy:.0f} % of the time the engine generated",
         ])
 
 
@@ -109,6 +111,8 @@ def run_engine_side(engine: Any, prompt: str, replies: int) -> SideResult:
 
 
 async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path, timeout: float) -> SideResult:
+    from textual import events
+
     from moeslots.tui.app import MoeslotsApp, Prompt
     from moeslots.tui.store import Store
 
@@ -129,10 +133,19 @@ async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path,
                                  timeout)
                 chat = app.chat_id
                 app.query_one(Prompt).text = prompt
-                c0, w0 = time.thread_time(), time.perf_counter()      # this thread runs the app's event loop
-                await pilot.press("enter")
-                await _until(pilot, lambda: app.last_turn is not None and not app._generating, timeout)
-                busy, wall = busy + time.thread_time() - c0, wall + time.perf_counter() - w0
+                marks: list[tuple[float, float]] = []                # (UI thread CPU, wall) at start and end
+
+                def mark() -> bool:                                   # polled every 20 ms by _until
+                    if len(marks) == int(not getattr(engine, "_generating", False)):   # the Engine's flag
+                        marks.append((time.thread_time(), time.perf_counter()))       # this thread runs the UI
+                    return app.last_turn is not None and not app._generating
+
+                # Enter as the terminal would send it; pilot.press() would then wait for the screen, forcing refreshes
+                # (and, with short replies, return only once the reply is done)
+                app.query_one(Prompt).post_message(events.Key("enter", "\r"))
+                await _until(pilot, mark, timeout)
+                if len(marks) == 2:
+                    busy, wall = busy + marks[1][0] - marks[0][0], wall + marks[1][1] - marks[0][1]
                 stats = app.last_turn
                 app.last_turn = None
                 if stats is None:
@@ -174,5 +187,8 @@ def run(engine: Any, *, model: str, slots: int, threads: int, mtp: bool, n_token
         log(f"{name}: {replies} replies of up to {n_tokens} tokens")
         sides[name] = (run_engine_side(engine, prompt, replies) if name == "engine"
                        else run_app_side(engine, prompt, replies))
+    from moeslots.engine.threads import allowed_cpus
+
     return AppBenchResult(model, slots, threads, mtp, n_tokens, sides["engine"], sides["app"],
-                          sides["engine"].text == sides["app"].text)
+                          sides["engine"].text == sides["app"].text, getattr(engine.snapshot(), "mtp_line", ""),
+                          len(allowed_cpus()))
