@@ -53,7 +53,9 @@ class Inspector(Vertical):
         mtp_line = getattr(snap, "mtp_line", "")
         acc = (f"   MTP accept {snap.mtp_accepted / snap.mtp_drafted:.2f}"
                if snap.mtp_drafted and not mtp_line else "")
-        self._put("prompt", f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}", q("#prompt-speed", Static).update)
+        reread = ("   re-read the whole chat (recurrent memory: no checkpoint fit)"
+                  if getattr(snap, "reread", False) else "")
+        self._put("prompt", f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}{reread}", q("#prompt-speed", Static).update)
         self._put("mtp", mtp_line, self._show_mtp)
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
         self._put("uploads", f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "

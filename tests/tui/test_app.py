@@ -359,3 +359,24 @@ async def test_inspector_touches_only_what_changed_and_shows_the_mtp_state(store
         assert app.query_one("#mtp").display
         assert "MTP off (accept 12 % < 35 %" in str(app.query_one("#mtp").render())
         assert "MTP accept" not in str(app.query_one("#prompt-speed").render())
+
+
+async def test_the_inspector_says_when_a_turn_re_read_the_chat(store: Store) -> None:
+    """Hybrid models resume a follow-up turn from a recurrent checkpoint; when none fits, the turn reads the whole
+    chat again, and the prompt line says so (and stops saying it once a turn resumes again)."""
+
+    class RereadFake(FakeEngine):
+        reread = True
+
+        def snapshot(self) -> Snapshot:
+            return dataclasses.replace(super().snapshot(), reread=self.reread)
+
+    eng = RereadFake()
+    app = MoeslotsApp(eng, store=store)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause(0.4)
+        assert "re-read the whole chat" in str(app.query_one("#prompt-speed").render())
+        eng.reread = False
+        app._draw_inspector()
+        await pilot.pause()
+        assert "re-read" not in str(app.query_one("#prompt-speed").render())
