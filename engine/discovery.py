@@ -156,6 +156,11 @@ def describe(f: Found) -> ModelInfo:
         error = f"dense model ({arch}): moeslots needs a Mixture-of-Experts model"
     elif not layers:
         error = "no expert tensors found"
+    else:
+        from moeslots.engine import validate
+
+        bad = validate.first_problem(h, [t for hd in heads for t in hd.tensors])
+        error = f"inconsistent header: {bad}" if bad else ""
     return ModelInfo(f, size, arch, str(h.get("general.name", f.path.stem)), n_expert, k, n_layer, len(layers),
                      expert, slot, error)
 

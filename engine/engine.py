@@ -200,8 +200,12 @@ def render_chat(model: Model, messages: Sequence[Message]) -> str:
     if not tmpl:
         return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    return env.from_string(tmpl.decode()).render(
-        messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+    try:
+        return env.from_string(tmpl.decode("utf-8", "replace")).render(
+            messages=[{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - a damaged or unsupported template is the file's fault: one line
+        raise EngineError(f"the model's chat template (tokenizer.chat_template) cannot be used: "
+                          f"{type(e).__name__}: {e}") from None
 
 
 class Engine:

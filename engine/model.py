@@ -121,6 +121,11 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if biased:
         raise ModelError(f"{path} has experts with biases ({biased[0]}, gpt-oss style): the expert cache cannot "
                          "split such experts between GPU and CPU yet")
+    from moeslots.engine import validate
+
+    bad = validate.first_problem(h)          # values llama.cpp would abort on, MoE shapes the engine assumes
+    if bad:
+        raise ModelError(f"{path} has an inconsistent header: {bad}")
     return ModelFacts(path, arch, n_block - n_nextn, n_nextn, n_expert, n_used, n_dense, name, slab, nextn_tensors)
 
 

@@ -10,7 +10,7 @@ from moeslots.engine import synth
 # keep user dirs out of the tests
 os.environ.setdefault("MOESLOTS_TEST", "1")
 
-from specs import TINY_GLM, TINY_QWEN  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+from specs import TINY_DS2, TINY_GLM, TINY_Q35, TINY_QWEN  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +26,16 @@ def tiny_glm(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen(models_dir: Path) -> Path:
     return synth.write_model(TINY_QWEN, models_dir / "tiny-qwen3moe.gguf").path
+
+
+@pytest.fixture(scope="session")
+def tiny_ds2(models_dir: Path) -> Path:
+    return synth.write_model(TINY_DS2, models_dir / "tiny-deepseek2.gguf").path
+
+
+@pytest.fixture(scope="session")
+def tiny_q35(models_dir: Path) -> Path:
+    return synth.write_model(TINY_Q35, models_dir / "tiny-qwen35moe.gguf").path
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 from pathlib import Path
 
 import gguf
@@ -35,3 +37,63 @@ def write_moe(path: Path, *, arch: str = "qwen3moe", n_expert: int = 8, k: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# -- single-value corruptions of a GGUF header (tests/engine/test_validate.py, the hypothesis fuzz) -----------------
+
+_FMT = {gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b", gguf.GGUFValueType.UINT16: "<H",
+        gguf.GGUFValueType.INT16: "<h", gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+        gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?", gguf.GGUFValueType.UINT64: "<Q",
+        gguf.GGUFValueType.INT64: "<q", gguf.GGUFValueType.FLOAT64: "<d"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One value in a GGUF header that can be overwritten in place: a scalar, a string's bytes (same length), or
+    one element of a number array."""
+    key: str
+    fmt: str            # struct format of the value; "s" for string bytes
+    offset: int         # byte offset of the value in the file
+    size: int           # bytes (strings: their length)
+    value: object       # the value as written
+
+
+def slots(path: Path) -> list[Slot]:
+    """Every overwritable value of path's key/values (GGUF.* counts and array lengths excluded: structure, not
+    values). Number arrays contribute their first, middle and last element."""
+    r = gguf.GGUFReader(str(path))
+    base = r.data.ctypes.data
+    out = []
+    for f in r.fields.values():
+        if f.name.startswith("GGUF."):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.STRING:
+            part = f.parts[f.data[0]]
+            out.append(Slot(f.name, "s", int(part.ctypes.data - base), int(part.size), bytes(part)))
+        elif t in _FMT:
+            part = f.parts[f.data[0]]
+            out.append(Slot(f.name, _FMT[t], int(part.ctypes.data - base), struct.calcsize(_FMT[t]), part[0].item()))
+        elif t == gguf.GGUFValueType.ARRAY and len(f.types) > 1 and f.types[1] in _FMT and f.data:
+            for i in sorted({0, len(f.data) // 2, len(f.data) - 1}):
+                part = f.parts[f.data[i]]
+                out.append(Slot(f"{f.name}[{i}]", _FMT[f.types[1]], int(part.ctypes.data - base),
+                                struct.calcsize(_FMT[f.types[1]]), part[0].item()))
+    return out
+
+
+def find_slot(path: Path, key: str) -> Slot:
+    return next(s for s in slots(path) if s.key == key)
+
+
+def write_with(src: Path, dst: Path, slot: Slot, value: object) -> Path:
+    """A copy of src with one value replaced (same type, same place: every other byte as in src)."""
+    data = bytearray(src.read_bytes())
+    if slot.fmt == "s":
+        raw = value.encode() if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+        assert len(raw) == slot.size, "a string is replaced by one of the same length"
+        data[slot.offset:slot.offset + slot.size] = raw
+    else:
+        struct.pack_into(slot.fmt, data, slot.offset, value)
+    dst.write_bytes(bytes(data))
+    return dst

@@ -1,0 +1,47 @@
+"""Run by the tests in a subprocess (an abort inside llama.cpp must not take pytest with it): open MODEL with the
+engine as the app does (experts in host memory, MTP when the model has a head, slots in host memory) and decode a
+few tokens of a chat; with PROFILE, plan SLOTS slots from it first.
+
+    python tests/probe_load.py MODEL [PROFILE SLOTS]
+
+Prints `ok <notices>` or `error: <the one line the user would see>` and exits 0; anything else (an abort, a
+segfault, a hang, an exception that is not an EngineError, an error message of more than one line) is a crash.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    from moeslots.engine.engine import Done, Engine, EngineConfig, Message
+    from moeslots.engine.errors import EngineError
+
+    model = Path(argv[1])
+    profile = Path(argv[2]) if len(argv) > 2 else None
+    slots = int(argv[3]) if len(argv) > 3 else 0
+    try:
+        eng = Engine(EngineConfig(model=model, n_ctx=256, threads=1, pack_host=True, mmap=True, max_tokens=3,
+                                  profile=profile, slots=slots))
+        try:
+            done = [ev for ev in eng.chat([Message("user", "hello experts")]) if isinstance(ev, Done)]
+            assert len(done) == 1
+            eng.snapshot()
+            if profile is not None:
+                eng.explain_slots()
+        finally:
+            eng.close()
+    except EngineError as e:
+        msg = str(e)
+        if "\n" in msg.strip():
+            print(f"multi-line error: {msg!r}")
+            return 3
+        print(f"error: {msg}")
+        return 0
+    print("ok " + " | ".join(eng.notices))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
