@@ -144,27 +144,17 @@ class Snapshot:
     mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
 
 
-def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False) -> SlotPlan:
+def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False,
+                      notices: list[str] | None = None) -> SlotPlan:
     """Per trunk MoE layer the top-`slots` decode experts of the profile; "auto": the most slots whose packs fit the
-    GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes."""
+    GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes; one without decode rows
+    says so in `notices` (engine.profilecheck)."""
+    from moeslots.engine.profilecheck import read_for
     from moeslots.profiles.plan import plan_from_counts
     from moeslots.profiles.profile import from_trace
-    from moeslots.profiles.trace import TraceError, read_csv
 
     f = model.facts
-    try:
-        t = read_csv(profile)
-    except TraceError as e:
-        raise EngineError(str(e)) from None
-    want = {"n_layer": model.n_layer_all, "n_expert": f.n_expert, "k": f.n_expert_used}
-    have = {"n_layer": int(t.meta.get("n_layer", t.n_layer)), "n_expert": int(t.meta.get("n_expert", t.n_expert)),
-            "k": t.k}
-    if have["n_expert"] > want["n_expert"] or have["k"] != want["k"] or have["n_layer"] > want["n_layer"] or \
-            t.meta.get("arch", f.arch) != f.arch:
-        raise EngineError(f"{profile} was recorded on another model ({t.meta.get('arch', '?')}, {t.shape_text()}); "
-                          f"this one is {f.arch}, {want['n_layer']} layers x {want['n_expert']} experts, "
-                          f"k={want['k']}")
-    counts = from_trace(t, model.n_layer_all, f.n_expert).counts
+    counts = from_trace(read_for(model, profile, notices), model.n_layer_all, f.n_expert).counts
     return SlotPlan(plan_from_counts(counts, slot_count(model, slots, pack_host=pack_host),
                                      [il for il in f.moe_layers if il < f.n_layer]))
 
@@ -351,7 +341,8 @@ class Engine:
         if self.cfg.profile is None:
             raise EngineError(f"--slots {p} needs a profile to choose the experts: record one with "
                               "`moeslots record MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
-        return plan_from_profile(self.model, Path(self.cfg.profile), p, pack_host=self.cfg.pack_host)
+        return plan_from_profile(self.model, Path(self.cfg.profile), p, pack_host=self.cfg.pack_host,
+                                 notices=self.notices)
 
     # -- chat ------------------------------------------------------------------------------------------------
 
@@ -685,6 +676,9 @@ class Engine:
         from moeslots.profiles.trace import from_ring, write_csv
 
         with self._lock:
+            if self._rec is not None and not self._rec_tokens:   # never replace a profile with an empty one
+                raise EngineError(f"nothing recorded yet (no decode token since recording began): {path} not "
+                                  "written; still recording")
             rec, self._rec = self._rec, None
         if rec is None:
             raise EngineError("not recording")

@@ -14,7 +14,9 @@ class UserError(Exception):
 
 
 def _err(msg: str) -> None:
-    print(f"moeslots: error: {msg}", file=sys.stderr)
+    """One line, whatever the message carries (a file's strings may hold newlines or terminal escapes)."""
+    line = " ".join(msg.split("\n")).translate({c: "\ufffd" for c in (*range(32), 127)})
+    print(f"moeslots: error: {line}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,17 +202,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if not all(x == "auto" or x.isdigit() for x in words):
             raise UserError(f"--repick takes intervals >= 0 (0: static) or auto, not {a.repick!r}")
         intervals = [bench.AUTO if x == "auto" else int(x) for x in words]
+    try:
+        slots = [int(x) for x in a.slots.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
+    if any(n < 0 for n in slots):
+        raise UserError(f"--slots takes numbers >= 0 (slots per layer), got {a.slots!r}")
     from moeslots.engine import cache as cache_mod
 
     cache_mod.set_async(a.async_cpu)
     print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if cache_mod.async_enabled() else 'no'}",
           file=sys.stderr)
-    try:
-        slots = [int(x) for x in a.slots.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--slots takes comma-separated numbers, got {a.slots!r}") from None
     if a.mtp:
-        drafts = [int(x) for x in a.mtp.split(",") if x.strip()]
+        drafts = _int_list(a.mtp, "--mtp")
         print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text | "
               "ms per step: feed / drafts / verify / rest |")
         print("|---|---|---|---|---|---|---|---|")
@@ -262,130 +266,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print(bench.render(rows, info))
     if a.json:
         bench.save(rows, info, Path(a.json))
-    return 0
-
-
-def cmd_record(a: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from moeslots.engine import native
-    from moeslots.profiles import record as rec
-
-    native.require_patched()
-    console = Console(stderr=True)
-    out = Path(a.output)
-    with console.status("recording") as status:
-        def on_progress(p: "rec.RecordProgress") -> None:
-            status.update(f"recording {p.file}: {p.tokens} decode tokens, {p.rows} routing rows so far")
-
-        try:
-            t = rec.record(Path(a.model), [Path(f) for f in a.prompt_file], out, n_decode=a.n_predict,
-                           threads=a.threads, temperature=a.temperature, seed=a.seed, progress=on_progress)
-        except KeyboardInterrupt:
-            console.print(f"interrupted: what was recorded is saved in {out}" if out.exists() else "interrupted")
-            return 130
-    print(f"wrote {out}: {t.n_rows} rows, {t.decode_tokens} decode tokens, {(~t.decode).sum()} prompt rows, "
-          f"{t.shape_text()}")
-    return 0
-
-
-def _read_trace(path: str):  # noqa: ANN202
-    from moeslots.profiles.trace import TraceError, read_csv
-
-    try:
-        return read_csv(Path(path))
-    except TraceError as e:
-        raise UserError(str(e)) from None
-
-
-def cmd_profile_merge(a: argparse.Namespace) -> int:
-    from moeslots.profiles import profile as prof
-    from moeslots.profiles.trace import TraceError, merge, write_csv
-
-    traces = [_read_trace(p) for p in a.inputs]
-    try:
-        merged = merge(traces, list(a.inputs))
-    except TraceError as e:
-        raise UserError(str(e)) from None
-    write_csv(merged, Path(a.output))
-    print(f"wrote {a.output}: {merged.n_rows} rows, {merged.decode_tokens} decode tokens ({merged.shape_text()})")
-    s = a.slots or max(1, merged.n_expert // 4)
-    profs = [prof.from_trace(t, merged.n_layer, merged.n_expert) for t in traces]
-    for i in range(len(profs)):
-        for j in range(i + 1, len(profs)):
-            ov = prof.overlap(profs[i], profs[j], s)[[il for il in range(merged.n_layer)
-                                                      if profs[i].counts[il].sum() and profs[j].counts[il].sum()]]
-            print(f"top-{s} overlap {a.inputs[i]} vs {a.inputs[j]}: mean {100 * ov.mean():.1f} % "
-                  f"(min {100 * ov.min():.1f} %)" if ov.size else f"no common layers with data in {a.inputs[i]}, "
-                                                                    f"{a.inputs[j]}")
-    return 0
-
-
-def cmd_profile_show(a: argparse.Namespace) -> int:
-    from moeslots.profiles import profile as prof
-
-    t = _read_trace(a.profile)
-    p = prof.from_trace(t)
-    s = a.slots or max(1, p.n_expert // 4)
-    print(f"{a.profile}: {t.shape_text()}, arch {t.meta.get('arch', '?')}, model {t.meta.get('model', '?')}")
-    print(f"rows: {t.n_rows} ({int(t.decode.sum())} decode, {int((~t.decode).sum())} prompt); decode tokens: "
-          f"{t.decode_tokens}; layers with data: {len(p.layers_with_data())}")
-    sk = prof.skew(p)
-    print("skew (share of decode picks in the top x % of (layer, expert) pairs): " +
-          ", ".join(f"top {int(100 * k)} %: {100 * v:.1f} %" for k, v in sk.items()))
-    cov = prof.coverage(p, s)
-    data = p.layers_with_data()
-    if data:
-        print(f"coverage at {s} slots/layer (static hit rate on this profile): mean {100 * cov[data].mean():.1f} %, "
-              f"min {100 * cov[data].min():.1f} % (L{data[int(cov[data].argmin())]}), max {100 * cov[data].max():.1f} %")
-    if a.against:
-        q = prof.from_trace(_read_trace(a.against), p.n_layer, p.n_expert)
-        ov = prof.overlap(p, q, s)[data]
-        print(f"top-{s} overlap with {a.against}: mean {100 * ov.mean():.1f} %")
-    print("per-layer picks, experts sorted by count:")
-    for row in prof.heatmap_rows(p, width=a.width):
-        print("  " + row)
-    return 0
-
-
-def cmd_simulate(a: argparse.Namespace) -> int:
-    from moeslots.profiles import simulate as sim
-    from moeslots.profiles.trace import TraceError, check_compatible
-
-    test = _read_trace(a.trace)
-    train = _read_trace(a.train) if a.train else None
-    if train is not None:
-        try:
-            check_compatible(train, test, a.train, a.trace)
-        except TraceError as e:
-            raise UserError(str(e)) from None
-    cost = sim.CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
-                         base_ms=a.base_ms)
-    if a.union:
-        try:
-            u = sim.distinct_per_batch(test, a.slots, train=train, max_batch=a.union)
-        except (TraceError, ValueError) as e:
-            raise UserError(str(e)) from None
-        print(f"{a.trace}: distinct experts computed on the CPU per layer, per batch of w decode tokens "
-              f"({a.slots} slots/layer, plan from {a.train or a.trace}):")
-        print("| " + " | ".join(f"w={w}" for w in u) + " |\n|" + "---|" * len(u))
-        print("| " + " | ".join(f"{v:.2f}" for v in u.values()) + " |")
-        return 0
-    policies = a.policy or [p if p != "reelect" else f"reelect-{a.reelect_k}" for p in sim.POLICIES]
-    try:
-        res = sim.simulate(test, a.slots, policies, train=train, reelect_k=a.reelect_k,
-                           reelect_window=a.reelect_window, cost=cost)
-    except (TraceError, ValueError) as e:
-        raise UserError(str(e)) from None
-    print(f"{a.trace}: {test.decode_tokens} decode tokens, {test.shape_text()}; {a.slots} slots/layer; "
-          f"plan trained on {a.train or a.trace}")
-    print(f"cost model: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, "
-          f"GPU {cost.gpu_gbps} GB/s, base {cost.base_ms} ms/token")
-    print("| policy | hit % | MB uploaded/token | CPU experts/token | est. ms/token | est. tok/s |")
-    print("|---|---|---|---|---|---|")
-    for r in res:
-        print(f"| {r.policy} | {100 * r.hit_rate:.1f} | {r.mb_per_token(cost):.1f} | {r.cpu_picks_per_token:.1f} | "
-              f"{r.ms_per_token:.2f} | {1000 / r.ms_per_token:.1f} |")
     return 0
 
 
@@ -539,6 +419,8 @@ def cmd_app(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from moeslots.cli_profiles import cmd_profile_merge, cmd_profile_show, cmd_record, cmd_simulate
+
     p = argparse.ArgumentParser(prog="moeslots", description="moeslots: a terminal chat for local MoE LLMs that "
                                 "keeps a profile-chosen set of experts per layer in VRAM")
     p.add_argument("--version", action="version", version="moeslots 0.1.0")
@@ -760,3 +642,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineError, BuildError) as e:
         _err(str(e))
         return 2
+    except OSError as e:                         # a full disk, a folder where a file goes, no permission...
+        _err(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        return 2
+    except Exception as e:
+        from moeslots.profiles.trace import TraceError
+
+        if isinstance(e, TraceError):            # a profile that cannot be read or written: the line says which
+            _err(str(e))
+            return 2
+        raise

@@ -4,7 +4,6 @@ other table; where moeslots keeps its data ($XDG_DATA_HOME/moeslots). Shared by 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,9 @@ def write_atomic(cfg: dict[str, Any], p: Path | None = None) -> Path:
     """Write the whole document to p (default: the config file) through a temporary file in the same folder."""
     import tomli_w
 
+    from moeslots import atomicfile
+
     p = p or path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="config.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            tomli_w.dump(cfg, fh)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomicfile.replace(p, "wb") as fh:
+        tomli_w.dump(cfg, fh)
     return p

@@ -19,10 +19,22 @@ class RecordProgress:
     rows: int
 
 
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM/SIGHUP, which `moeslots record` turns into one) during a recording: `saved` says whether
+    what was recorded went to the output file (not when no decode token was recorded: a profile is never replaced
+    by an empty one)."""
+
+    def __init__(self, trace: Trace, saved: bool, cause: BaseException):
+        super().__init__(str(cause))
+        self.trace, self.saved, self.cause = trace, saved, cause
+
+
 def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decode: int = 500,
            threads: int | None = None, n_ctx: int = 4096, temperature: float = 0.0, seed: int = 0,
            progress: Callable[[RecordProgress], None] | None = None) -> Trace:
-    """Returns the trace written to `out`. Ctrl-C (KeyboardInterrupt) saves what was recorded, then re-raises.
+    """Returns the trace written to `out`. Ctrl-C (KeyboardInterrupt) saves what was recorded, then raises
+    RecordInterrupted. Only a trace with decode rows is written: without any (an interrupt before the first decode
+    token, replies that end at once) `out` is left as it was (EngineError when not interrupted).
     temperature 0 decodes greedily (what a chat would route); > 0 samples (random-weight models otherwise fall into
     short greedy cycles whose routing repeats)."""
     from moeslots.engine.engine import Message, render_chat
@@ -35,6 +47,8 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
             texts.append((Path(f).name, Path(f).read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as e:
             raise EngineError(f"cannot read prompt file {f}: {e}") from None
+    if Path(out).is_dir():
+        raise EngineError(f"{out} is a folder: -o takes the profile's file name (e.g. {Path(out) / 'profile.csv'})")
     model = Model(model_path, LoadOptions(experts_on_host=True))
     f = model.facts
     meta = {"arch": f.arch, "n_layer": str(model.n_layer_all), "n_expert": str(f.n_expert),
@@ -46,6 +60,7 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
 
     n_moe = len([il for il in f.moe_layers if il < f.n_layer])
     total_tokens = 0
+    stop: BaseException | None = None
     try:
         with Context(model, n_ctx=n_ctx, n_batch=512, threads=threads) as ctx:
             for name, text in texts:
@@ -69,11 +84,22 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
                     ring = ctx.read_stats().ring
                     chunks.append(from_ring(ring, meta))
                     total_tokens += int((ring[:, 0] >= 0).sum() // max(1, n_moe))
-    finally:
+    except BaseException as e:  # noqa: BLE001 - Ctrl-C, SIGTERM/SIGHUP, a failed decode: save what was recorded
+        stop = e
+    try:
         trace = (Trace(np.concatenate([c.pos for c in chunks]), np.concatenate([c.layer for c in chunks]),
                        np.concatenate([c.ids for c in chunks]), {**meta, "tokens": str(total_tokens)})
                  if chunks else empty(f.n_expert_used, meta))
-        if trace.n_rows:
+        saved = trace.decode_tokens > 0            # prompt rows alone plan nothing: never replace a profile by them
+        if saved:
             write_csv(trace, out)
+    finally:
         model.close()
+    if isinstance(stop, KeyboardInterrupt):
+        raise RecordInterrupted(trace, saved, stop) from stop
+    if stop is not None:
+        raise stop
+    if not saved:
+        raise EngineError(f"nothing recorded: no reply got a decode token; {out} "
+                          f"{'left as it was' if Path(out).exists() else 'not written'}")
     return trace

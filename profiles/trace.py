@@ -9,8 +9,6 @@ Writes are atomic (temp file + rename).
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -159,31 +157,40 @@ def read_csv(path: Path) -> Trace:
 
 
 def write_csv(trace: Trace, path: Path) -> None:
-    """Atomic: a crash leaves the old file (or none), never half a profile."""
+    """Atomic: a crash, a full disk or an interrupt leaves the old file (or none), never half a profile; the file
+    gets the permissions a plain open() would (moeslots.atomicfile). TraceError (one line) when it cannot be written."""
+    from moeslots import atomicfile
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with atomicfile.replace(path) as fh:
             if trace.meta:
                 fh.write("# " + " ".join(f"{k}={v}" for k, v in trace.meta.items() if " " not in str(v)) + "\n")
             fh.write("pos,layer," + ",".join(f"id{i}" for i in range(trace.k)) + "\n")
             block = np.column_stack([trace.pos, trace.layer, trace.ids]) if trace.n_rows else np.zeros((0, 2))
             np.savetxt(fh, block, fmt="%d", delimiter=",")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as e:
+        kept = " (the old file is kept)" if path.is_file() else ""
+        raise TraceError(f"cannot write {path}: {e.strerror or e}{kept}") from None
 
 
 def check_compatible(a: Trace, b: Trace, what_a: str, what_b: str) -> None:
-    """Same model shape, or a TraceError naming both shapes."""
+    """Same model shape, or a TraceError naming both shapes: the facts both declare agree, and neither holds a layer
+    or an expert id beyond what the other declares (a file without `#` facts, the fork's, against one with them)."""
+    def differ(why: str) -> TraceError:
+        return TraceError(f"{what_a} ({a.shape_text()}, {a.meta.get('arch', '?')}) and {what_b} "
+                          f"({b.shape_text()}, {b.meta.get('arch', '?')}) come from different models ({why})")
+
     for key in ("arch", "n_layer", "n_expert", "k"):
         va = a.meta.get(key) if key != "k" else str(a.k)
         vb = b.meta.get(key) if key != "k" else str(b.k)
         if va is not None and vb is not None and str(va) != str(vb):
-            raise TraceError(f"{what_a} ({a.shape_text()}, {a.meta.get('arch', '?')}) and {what_b} "
-                             f"({b.shape_text()}, {b.meta.get('arch', '?')}) come from different models ({key})")
+            raise differ(key)
+    for x, y, ny in ((a, b, what_b), (b, a, what_a)):
+        if y.n_rows and "n_layer" in x.meta and int(y.layer.max()) >= x.n_layer:
+            raise differ(f"{ny} routes layer {int(y.layer.max())}")
+        if y.n_rows and "n_expert" in x.meta and int(y.ids.max()) >= x.n_expert:
+            raise differ(f"{ny} routes expert {int(y.ids.max())}")
 
 
 def merge(traces: list[Trace], names: list[str]) -> Trace:

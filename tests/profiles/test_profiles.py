@@ -39,8 +39,8 @@ def test_atomic_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
     p = tmp_path / "keep.csv"
     write_csv(_trace([[1, 2]]), p)
     before = p.read_text()
-    monkeypatch.setattr(np, "savetxt", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    monkeypatch.setattr(np, "savetxt", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(TraceError, match=r"cannot write .*keep.csv: No space left on device \(the old file is kept\)"):
         write_csv(_trace([[3, 4]]), p)
     assert p.read_text() == before and len(list(tmp_path.iterdir())) == 1
 
