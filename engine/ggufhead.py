@@ -16,6 +16,7 @@ from typing import Any
 
 MAGIC = b"GGUF"
 MAX_HEADER = 1 << 30            # a header larger than this is corrupt input, not a model
+SMALL_ARRAY = 64                # number arrays up to this long are kept (rope sections, small per-layer counts)
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
@@ -39,6 +40,7 @@ class Header:
     meta: dict[str, Any]          # scalars and strings; an array is kept as its length (int) under key + "#len"
     tensors: tuple[TensorInfo, ...]
     end: int                      # bytes the header takes (magic to the end of the tensor infos)
+    arrays: dict[str, tuple] = dataclasses.field(default_factory=dict)   # number arrays of <= SMALL_ARRAY elements
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
@@ -118,6 +120,7 @@ def _parse(buf: Any, limit: int, path: Path) -> Header:
     if n_tensors > 1 << 20 or n_kv > 1 << 20:
         raise HeaderError(f"{path}: {n_tensors} tensors / {n_kv} keys: a damaged header")
     meta: dict[str, Any] = {}
+    arrays: dict[str, tuple] = {}
     for _ in range(n_kv):
         key = c.string()
         vtype = c.take("<I")
@@ -129,6 +132,8 @@ def _parse(buf: Any, limit: int, path: Path) -> Header:
                 n = struct.calcsize(_SCALAR[etype]) * count
                 if c.off + n > limit:
                     raise HeaderError(f"{path}: array {key} runs past the file")
+                if count <= SMALL_ARRAY:
+                    arrays[key] = struct.unpack_from("<" + _SCALAR[etype][1] * count, buf, c.off)
                 c.off += n
             else:
                 raise HeaderError(f"{path}: array {key} has element type {etype}")
@@ -150,7 +155,7 @@ def _parse(buf: Any, limit: int, path: Path) -> Header:
         for d in shape:
             n_el *= d
         tensors.append(TensorInfo(name, shape, gtype, n_el // block * type_size if block else 0))
-    return Header(version, meta, tuple(tensors), c.off)
+    return Header(version, meta, tuple(tensors), c.off, arrays)
 
 
 def shard_paths(path: Path) -> list[Path]:

@@ -102,7 +102,7 @@ def inspect_gguf(path: Path) -> ModelFacts:
         n_used = int(get(f"{arch}.expert_used_count", 0) or 0)
         n_nextn = int(get(f"{arch}.nextn_predict_layers", 0) or 0)
         n_dense = int(get(f"{arch}.leading_dense_block_count", 0) or 0)
-        name = str(get("general.name", path.stem))
+        name = "".join(c if c.isprintable() else "\ufffd" for c in str(get("general.name", path.stem)))
         first = n_dense
         slab = 0
         names = {t.name for t in h.tensors}
@@ -115,6 +115,8 @@ def inspect_gguf(path: Path) -> ModelFacts:
         raise ModelError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
     if not arch:
         raise ModelError(f"{path} has no general.architecture: not a model GGUF")
+    if not arch.isprintable():
+        raise ModelError(f"{path} has an unreadable general.architecture {arch!r}: a damaged header")
     if n_expert <= 0 or n_used <= 0:
         raise ModelError(f"{path} is a dense model (arch {arch}, no experts): moeslots needs a "
                          "Mixture-of-Experts GGUF")

@@ -26,6 +26,7 @@ DELTA_NET_ARCHS = {"qwen3next", "qwen35moe"}      # head_v_dim = ssm.inner_size 
 # architectures that rotate every head (a rotary count of 0 hangs their graph); some others are "nope only" (0 rotary
 # dimensions, e.g. glm5next) and keep 0
 ROPE_ARCHS = {"glm4moe", "qwen3moe", "qwen35moe", "qwen3next", "deepseek2"}
+MROPE_ARCHS = {"qwen35moe"}                        # rotate by rope.dimension_sections (all 0: a division by zero)
 _EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 _GATE_INP = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 
@@ -111,6 +112,13 @@ def _heads(h: Header, a: str, arch: str) -> list[str]:
         elif arch == "deepseek2" and rot >= (k_mla or head_k or rot + 1):
             out.append(f"{a}rope.dimension_count = {rot} leaves no non-rotary head dimensions "
                        f"(key length {k_mla or head_k})")
+    sections = h.arrays.get(a + "rope.dimension_sections")
+    if sections is not None:                              # multi-section rotary (M-RoPE): sections of the head
+        total = sum(sections)
+        if any(x < 0 for x in sections) or (head_k and total > head_k) or \
+                (arch in MROPE_ARCHS and sum(sections[:3]) <= 0):
+            out.append(f"{a}rope.dimension_sections = {list(sections)}: each >= 0, the first three not all 0, "
+                       f"together at most the head size {head_k}")
     if arch == "deepseek2" and k_mla and v_mla:          # MLA: one latent KV head of kv_lora_rank + rotary dims
         lora, kv_heads = _int(h, a + "attention.kv_lora_rank"), _int(h, a + "attention.head_count_kv")
         vlen = _int(h, a + "attention.value_length")

@@ -10,8 +10,27 @@ segfault, a hang, an exception that is not an EngineError, an error message of m
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+
+def run(model: Path, *extra: str, timeout: float = 60) -> str:
+    """For the tests: this script on MODEL [PROFILE SLOTS] in a subprocess; its one line. Fails the calling test on
+    a crash (a signal, an exception, a hang)."""
+    try:
+        r = subprocess.run([sys.executable, __file__, str(model), *extra], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {model.name} hung (> {timeout} s)")
+    tail = "\n".join(r.stderr.strip().splitlines()[-6:])          # GGML_ASSERT's line, a Python traceback
+    assert r.returncode == 0, f"the engine crashed on {model.name} (exit {r.returncode}):\n{tail}"
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(("ok", "error: ")), r.stdout + tail
+    return lines[0]
 
 
 def main(argv: list[str]) -> int:

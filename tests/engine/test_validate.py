@@ -12,23 +12,7 @@ import pytest
 
 import ggufs
 from moeslots.engine import ggufhead, validate
-
-PROBE = Path(__file__).resolve().parents[1] / "probe_load.py"
-
-
-def probe(model: Path, *extra: str, timeout: float = 60) -> str:
-    """The probe's one line; fails the test on a crash (a signal, an exception, a hang)."""
-    try:
-        r = subprocess.run([sys.executable, str(PROBE), str(model), *extra], capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"loading {model.name} hung (> {timeout} s)")
-    tail = "\n".join(r.stderr.strip().splitlines()[-6:])
-    assert r.returncode == 0, f"the engine crashed on {model.name} (exit {r.returncode}):\n{tail}"
-    lines = r.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(("ok", "error: ")), r.stdout + tail
-    return lines[0]
-
+from probe_load import run as probe
 
 # (model fixture, key, bad value, what the one line says); the comment: what llama.cpp did with it
 CASES = [
@@ -52,6 +36,7 @@ CASES = [
     ("tiny_ds2", "attention.key_length_mla", 1, "leaves no non-rotary head dimensions"),                       # 134
     ("tiny_q35", "ssm.inner_size", 65, "ssm.inner_size = 65: the delta-net layers want"),                      # 134
     ("tiny_q35", "full_attention_interval", 0, "full_attention_interval = 0: must be at least 1"),             # SIGFPE
+    ("tiny_q35", "rope.dimension_sections[2]", 511, "rope.dimension_sections = [2, 1, 511, 0]: each >= 0"),     # 134
 ]
 
 
@@ -83,6 +68,14 @@ def test_a_broken_chat_template_is_one_line(tiny_glm: Path, tmp_path: Path) -> N
     text = bytes(slot.value).replace(b"endfor", b"endfoo")            # type: ignore[arg-type]
     line = probe(ggufs.write_with(tiny_glm, tmp_path / "tmpl.gguf", slot, text))
     assert line.startswith("error: the model's chat template (tokenizer.chat_template) cannot be used"), line
+
+
+def test_a_damaged_architecture_string_is_one_line(tiny_glm: Path, tmp_path: Path) -> None:
+    """A newline or a vertical tab in general.architecture made the refusal span lines (found by the fuzz)."""
+    for raw in (b"glm4mo\n", b"\x00\x00\x00\x00\x00\x00\x0b"):
+        bad = ggufs.write_with(tiny_glm, tmp_path / "arch.gguf", ggufs.find_slot(tiny_glm, "general.architecture"), raw)
+        line = probe(bad)
+        assert line.startswith("error: ") and "unreadable general.architecture" in line, line
 
 
 def test_valid_models_have_no_problems(tiny_glm: Path, tiny_qwen: Path, tiny_ds2: Path, tiny_q35: Path) -> None:
