@@ -115,12 +115,17 @@ class MoeslotsApp(App[None]):
         self.sub_title = self.model_name
         self.query_one("#load-line", Static).update(self.engine.load_line)
         self._say_new_notices()
+        pending = self.store.pop_unanswered(self.chat_id)    # the app was closed or killed mid-reply
         for role, content in self.store.messages(self.chat_id):
             self.query_one("#chat-log").mount(ChatMessage(role, content))
             if role == "assistant":
                 self._last_answer = content
         self.query_one("#chat-log").scroll_end(animate=False)
         self.query_one(Prompt).focus()
+        if pending:
+            self.query_one(Prompt).text = pending
+            self.notify("the last reply did not finish (the app was closed mid-reply): your message is back in the "
+                        "prompt, Enter sends it again", timeout=8)
         self.set_interval(0.25, self.refresh_inspector)
         self._pump_timer = self.set_interval(STREAM_EVERY, self._pump, pause=True)
         # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread

@@ -51,6 +51,17 @@ class Store:
         return [(r, c) for r, c in self.db.execute(
             "SELECT role, content FROM messages WHERE chat = ? ORDER BY id", (chat,))]
 
+    def pop_unanswered(self, chat: int) -> str | None:
+        """The chat's last message when it is a question without a reply (the app was closed or killed while
+        answering it, or the reply failed): taken out of the history and returned, for the prompt box."""
+        row = self.db.execute("SELECT id, role, content FROM messages WHERE chat = ? ORDER BY id DESC LIMIT 1",
+                              (chat,)).fetchone()
+        if row is None or row[1] != "user":
+            return None
+        self.db.execute("DELETE FROM messages WHERE id = ?", (row[0],))
+        self.db.commit()
+        return str(row[2])
+
     def system(self, chat: int) -> str:
         row = self.db.execute("SELECT system FROM chats WHERE id = ?", (chat,)).fetchone()
         return row[0] if row else ""
