@@ -15,12 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 
 def run(model: Path, *extra: str, timeout: float = 60) -> str:
     """For the tests: this script on MODEL [PROFILE SLOTS] in a subprocess; its one line. Fails the calling test on
     a crash (a signal, an exception, a hang)."""
+    import pytest
+
     try:
         r = subprocess.run([sys.executable, __file__, str(model), *extra], capture_output=True, text=True,
                            timeout=timeout, env={**os.environ, "GGML_NO_BACKTRACE": "1"})
