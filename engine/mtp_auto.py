@@ -55,9 +55,17 @@ class AdaptiveMTP:
     _skip_timing: bool = False                   # the first MTP step after plain ones also feeds their rows
 
     def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the start: drafting on, nothing measured (`bench app` starts each side from here)."""
+        self.state, self.switches = ON, 0
         self._acc = deque(maxlen=self.window)
-        self._plain_due = self.calibrate
+        self._t_plain.clear()
+        self._t_mtp.clear()
+        self._plain_due, self._since_cal, self._since_probe, self._probe_left = self.calibrate, 0, 0, 0
         self._probe_gap = self.probe_every
+        self._skip_timing = False
 
     # -- measurements -----------------------------------------------------------------------------------------
 

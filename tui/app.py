@@ -26,7 +26,7 @@ from moeslots.tui.inspector import Inspector
 from moeslots.tui.widgets.chat import ChatMessage, Prompt, printable
 from moeslots.tui.screens.modals import NameScreen, SlotsScreen
 from moeslots.tui.store import Store, data_dir
-from moeslots.tui.stream import STREAM_EVERY, LiveTail, ReplyBuffer, ReplyView
+from moeslots.tui.stream import STREAM_EVERY, LiveTail, Pacer, ReplyBuffer, ReplyView
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
 
@@ -51,6 +51,7 @@ class ReplyDone(TMessage):
 
 
 SWITCH_INTERVAL = 0.0001      # seconds; sys.setswitchinterval while the app runs
+INSPECT_EVERY = 0.25          # seconds between inspector refreshes (while it is visible)
 
 
 class MoeslotsApp(App[None]):
@@ -91,7 +92,8 @@ class MoeslotsApp(App[None]):
         self._assistant: ChatMessage | None = None
         self._stream: ReplyView | None = None
         self._reply = ReplyBuffer()       # the generating thread puts text, _pump takes it
-        self._pumping = False
+        self._pacer = Pacer()
+        self._pump_timer: Any = None
         self._last_answer = ""
         self.last_turn: Any = None        # the last reply's TurnStats (the engine's numbers; `bench app` reads them)
         self._inspector_visible = True
@@ -126,8 +128,7 @@ class MoeslotsApp(App[None]):
             self.query_one(Prompt).text = pending
             self.notify("the last reply did not finish (the app was closed mid-reply): your message is back in the "
                         "prompt, Enter sends it again", timeout=8)
-        self.set_interval(0.25, self.refresh_inspector)
-        self._pump_timer = self.set_interval(STREAM_EVERY, self._pump, pause=True)
+        self.set_interval(INSPECT_EVERY, self.refresh_inspector)
         # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread
         # to give it up at most this long: 0.1 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
         self._switch_interval = sys.getswitchinterval()
@@ -182,7 +183,8 @@ class MoeslotsApp(App[None]):
         self._stream = ReplyView(self._assistant.query_one(Markdown), self._assistant.query_one(LiveTail))
         self._reply.take()
         log.scroll_end(animate=False)
-        self._pump_timer.resume()
+        self._pacer.start()
+        self._pump_timer = self.set_timer(STREAM_EVERY, self._pump)
         self.call_after_refresh(self.generate, self._messages(), self._cancel)   # after the new messages are drawn
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
@@ -202,24 +204,23 @@ class MoeslotsApp(App[None]):
         self.post_message(ReplyDone(text, stats, error))
 
     async def _pump(self) -> None:
-        """Every STREAM_EVERY seconds while a reply streams: what came since, onto the screen."""
-        if self._pumping or self._stream is None:
+        """While a reply streams: what came since the last update, onto the screen; then the next one is due
+        after STREAM_EVERY or more (tui/stream.py's Pacer keeps the UI thread within its CPU budget)."""
+        if self._stream is None:
             return
         text = self._reply.take()
-        if not text:
-            return
-        self._pumping = True
-        try:
+        if text:
             await self._stream.write(printable(text))
-        finally:
-            self._pumping = False
-        log = self.query_one("#chat-log", VerticalScroll)
-        if log.max_scroll_y - log.scroll_y < 4:          # follow only when the user is near the bottom
-            log.scroll_end(animate=False)
+            log = self.query_one("#chat-log", VerticalScroll)
+            if log.max_scroll_y - log.scroll_y < 4:          # follow only when the user is near the bottom
+                log.scroll_end(animate=False)
+        if self._stream is not None:
+            self._pump_timer = self.set_timer(self._pacer.next_delay(), self._pump)
 
     @on(ReplyDone)
     async def reply_done(self, event: ReplyDone) -> None:
-        self._pump_timer.pause()
+        if self._pump_timer is not None:
+            self._pump_timer.stop()
         stream, self._stream = self._stream, None
         self._reply.take()
         cancelled = bool(event.stats and event.stats.cancelled)

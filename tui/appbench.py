@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import statistics
 import tempfile
 import threading
@@ -30,6 +31,7 @@ class SideResult:
     mtp_accept: float               # MTP acceptance over this side's replies (0 without MTP)
     text: str                       # the last reply
     ui_busy: float = 0.0            # app: the UI thread's CPU time over the time the engine was generating
+    others: float = 0.0             # CPU other processes used meanwhile, in cores (a busy machine skews both)
 
     @property
     def median(self) -> float:
@@ -64,8 +66,35 @@ class AppBenchResult:
             *(f"| {s.name} | {s.median:.1f} | {' '.join(f'{v:.0f}' for v in s.tok_s)} | "
               f"{' '.join(str(n) for n in s.tokens)} |" for s in (self.engine, self.app)),
             f"app / engine: {100 * self.ratio:.0f} %   same text: {'yes' if self.same_text else 'NO'}   "
-            f"UI thread busy {100 * self.app.ui_busy:.0f} % of the time the engine generated",
+            f"UI thread busy {100 * self.app.ui_busy:.0f} % of the time the engine generated   "
+            f"other processes: {self.engine.others:.2f} / {self.app.others:.2f} cores",
         ])
+
+
+class OtherLoad:
+    """CPU time other processes take from now on (Linux /proc/stat minus this process), in cores."""
+
+    def __init__(self) -> None:
+        self._t0, self._busy0, self._own0 = time.perf_counter(), self._machine_busy(), self._own()
+
+    @staticmethod
+    def _machine_busy() -> float:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return 0.0
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")      # all but idle and iowait, in seconds
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self._t0
+        other = (self._machine_busy() - self._busy0) - (self._own() - self._own0)
+        return max(0.0, other / wall) if wall > 0 else 0.0
 
 
 def _mtp_counts(engine: Any) -> tuple[int, int]:
@@ -78,10 +107,18 @@ def _accept(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[1] - before[1]) / drafted if drafted else 0.0
 
 
+def _fresh_mtp(engine: Any) -> None:
+    """Both sides start adaptive MTP from the same state (drafting on, nothing measured)."""
+    auto = getattr(engine, "mtp_auto", None)
+    if auto is not None:
+        auto.reset()
+
+
 def run_engine_side(engine: Any, prompt: str, replies: int) -> SideResult:
     """`replies` replies to `prompt`, each in a new chat, consumed in a worker thread like the app's."""
     from moeslots.engine.engine import Done, Message
 
+    _fresh_mtp(engine)
     tok_s: list[float] = []
     tokens: list[int] = []
     text = ""
@@ -116,6 +153,7 @@ async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path,
     from moeslots.tui.app import MoeslotsApp, Prompt
     from moeslots.tui.store import Store
 
+    _fresh_mtp(engine)
     store = Store(store_dir / "bench-chats.sqlite")
     app = MoeslotsApp(engine, store=store, model_name="bench")
     tok_s: list[float] = []
@@ -185,8 +223,9 @@ def run(engine: Any, *, model: str, slots: int, threads: int, mtp: bool, n_token
     sides: dict[str, SideResult] = {}
     for name in order:
         log(f"{name}: {replies} replies of up to {n_tokens} tokens")
-        sides[name] = (run_engine_side(engine, prompt, replies) if name == "engine"
-                       else run_app_side(engine, prompt, replies))
+        load = OtherLoad()
+        side = (run_engine_side(engine, prompt, replies) if name == "engine" else run_app_side(engine, prompt, replies))
+        sides[name] = dataclasses.replace(side, others=load.cores())
     from moeslots.engine.threads import allowed_cpus
 
     return AppBenchResult(model, slots, threads, mtp, n_tokens, sides["engine"], sides["app"],

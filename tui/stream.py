@@ -1,7 +1,8 @@
 """Streaming a reply onto the screen at a bounded rate, with work per update that does not grow with the reply.
 
 The generating thread only appends text to a `ReplyBuffer` (a lock and a list append per token: it must never
-wait on the UI). The app takes what came every `STREAM_EVERY` seconds and hands it to a `ReplyView`:
+wait on the UI). The app takes what came at most every `STREAM_EVERY` seconds, further apart when the redraws
+cost more than `UI_BUDGET` of a core (`Pacer`), and hands it to a `ReplyView`:
 finished Markdown blocks (up to a blank line outside a code fence, or a closing fence) go to the Markdown widget,
 which parses from its last block on; the unfinished block is shown as plain text by `LiveTail`, which keeps the
 wrapped rows of its finished lines and re-wraps only the line being written. When the reply ends the Markdown
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from rich.segment import Segment
@@ -24,7 +26,32 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-STREAM_EVERY = 0.1        # seconds between screen updates of a streaming reply (10 per second)
+STREAM_EVERY = 0.1        # seconds between screen updates of a streaming reply: at most 10 per second
+STREAM_SLOWEST = 0.5      # at least 2 per second
+UI_BUDGET = 0.12          # share of one core the UI thread may spend while a reply streams
+
+
+class Pacer:
+    """When the next update of a streaming reply is due: the UI thread's CPU time since the last update (that
+    update's layout and redraw, inspector refreshes, input) over UI_BUDGET, within [STREAM_EVERY, STREAM_SLOWEST].
+    A redraw costs ~15 ms on the 2-core box (Textual lays out and repaints the scrolled chat), so a model decoding
+    900 tok/s there gets about 6 updates a second and its decoding keeps its core; where redraws are cheap, 10."""
+
+    def __init__(self, every: float = STREAM_EVERY, slowest: float = STREAM_SLOWEST, budget: float = UI_BUDGET,
+                 cpu: Any = time.thread_time) -> None:
+        self.every, self.slowest, self.budget, self._cpu = every, slowest, budget, cpu
+        self.start()
+
+    def start(self) -> None:
+        """A reply begins (call from the UI thread, which the CPU clock measures)."""
+        self._last = self._cpu()
+        self.cost: float | None = None          # smoothed UI CPU seconds per update interval
+
+    def next_delay(self) -> float:
+        now = self._cpu()
+        spent, self._last = now - self._last, now
+        self.cost = spent if self.cost is None else 0.5 * self.cost + 0.5 * spent
+        return min(self.slowest, max(self.every, self.cost / self.budget))
 
 
 class ReplyBuffer:

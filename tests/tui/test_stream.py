@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -153,3 +154,27 @@ async def test_the_app_updates_at_a_bounded_rate(tmp_path: Path, monkeypatch) ->
         assert app.store.messages(app.chat_id)[-1][1].startswith("w0 w1 ")
         assert len(app.store.messages(app.chat_id)[-1][1].split()) == 4000
     assert len(writes) <= took / STREAM_EVERY + 2, (len(writes), took)   # 4000 tokens, a handful of updates
+
+
+def test_pacer_keeps_the_ui_within_its_budget() -> None:
+    """Updates every STREAM_EVERY while they are cheap; further apart as the UI's CPU time per interval grows, so
+    its share stays near the budget; never beyond STREAM_SLOWEST."""
+    from moeslots.tui.stream import STREAM_SLOWEST, Pacer
+
+    cpu = [0.0]
+    p = Pacer(budget=0.1, cpu=lambda: cpu[0])
+
+    def interval(cost: float, background: float = 0.0) -> float:
+        d = STREAM_EVERY
+        for _ in range(30):                      # each interval: one update's cost, plus background UI work
+            cpu[0] += cost + background * d
+            d = p.next_delay()
+        return d
+
+    assert interval(0.005) == STREAM_EVERY                       # 5 ms redraws: 10 a second
+    assert interval(0.03) == pytest.approx(0.3, rel=0.05)        # 30 ms: ~3 a second, 10 % of a core
+    assert interval(0.02, background=0.05) == pytest.approx(0.4, rel=0.05)   # inspector etc. count too
+    assert interval(0.2) == STREAM_SLOWEST
+    p.start()                                                    # a new reply forgets the last one's cost
+    cpu[0] += 0.001
+    assert p.next_delay() == STREAM_EVERY
