@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from moeslots import configfile
-from moeslots.engine import ggufhead, native
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.errors import EngineError
+from .. import configfile
+from . import ggufhead, native
+from . import stats as stats_mod
+from .cache import SlotPlan
+from .errors import EngineError
 
 if TYPE_CHECKING:
-    from moeslots.engine.engine import Engine
-    from moeslots.profiles.trace import Trace
+    from .engine import Engine
+    from ..profiles.trace import Trace
 
 MIN_TOKENS = 64          # decode tokens a session records before its first save (a shorter one says little)
 MAX_TOKENS = 8192        # decode tokens a saved profile keeps (the newest): plans settle long before, files stay small
@@ -69,7 +69,7 @@ def _tilde(p: Path) -> str:
 def read_saved(path: Path) -> "Trace | None":
     """The saved profile when it exists and holds decode rows; a damaged one is moved aside (never silently
     overwritten) and None returned."""
-    from moeslots.profiles.trace import TraceError, read_csv
+    from ..profiles.trace import TraceError, read_csv
 
     if not path.is_file():
         return None
@@ -169,7 +169,7 @@ class AutoProfile:
     # -- internals -----------------------------------------------------------------------------------------------
 
     def _apply(self, eng: "Engine", rows: np.ndarray, n: int) -> bool:
-        from moeslots.profiles.plan import plan_from_counts
+        from ..profiles.plan import plan_from_counts
 
         f = eng.model.facts
         layers = [il for il in f.moe_layers if il < f.n_layer]
@@ -186,7 +186,7 @@ class AutoProfile:
         return True
 
     def _save(self, eng: "Engine", rows: np.ndarray, tokens: int) -> None:
-        from moeslots.profiles.trace import from_ring, merge, write_csv
+        from ..profiles.trace import from_ring, merge, write_csv
 
         session = from_ring(rows, eng.routing_meta(tokens))
         base, path = self.base, self.path
@@ -211,7 +211,7 @@ class AutoProfile:
 
 def _newest(t: "Trace", max_tokens: int) -> "Trace":
     """The rows of the newest max_tokens decode tokens (a saved profile does not grow without bound)."""
-    from moeslots.profiles.trace import Trace
+    from ..profiles.trace import Trace
 
     per_token = len(np.unique(t.layer)) if t.n_rows else 1
     keep = max_tokens * per_token
@@ -224,7 +224,7 @@ def _newest(t: "Trace", max_tokens: int) -> "Trace":
 def _slot_count(eng: "Engine", slots: int | str) -> int:
     """S for a plan: a number as given, "auto" as for a profile (what fits the free VRAM; half the experts with
     packs in host memory), nothing on a machine without a GPU unless packs in host memory were asked for."""
-    from moeslots.engine.engine import slot_count
+    from .engine import slot_count
 
     if slots in (0, "0", None):
         return 0

@@ -17,11 +17,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from moeslots.engine import cache
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.profiles.plan import plan_from_counts
+from . import cache
+from . import stats as stats_mod
+from .cache import SlotPlan
+from .model import Context, LoadOptions, Model
+from ..profiles.plan import plan_from_counts
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
     ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off below if asked
     routing = "the model's router"
     if replay_from:
-        from moeslots.engine import replay
+        from . import replay
 
         table = (replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=seed) if replay_from == "uniform"
                  else replay.from_trace(Path(replay_from), f.n_expert, f.n_expert_used))
@@ -199,7 +199,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     the model's chat template (trained models: real acceptance); default random tokens. replay_from ("uniform" or a
     trace CSV): the trunk routes through those ids (a random model's greedy text repeats itself, and so would its
     routing); the plan is then the top-S of the 1,024 rows before the replayed ones (out of sample)."""
-    from moeslots.engine.mtp import MTP, greedy_tokens
+    from .mtp import MTP, greedy_tokens
 
     if mtp_head not in ("slots", "host", "gpu"):
         raise ValueError(f"--mtp-head is slots, host or gpu, not {mtp_head!r}")
@@ -214,8 +214,8 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     if replay_from:
         if mtp_head == "slots":
             raise ValueError("--replay replays the trunk's routing: use --mtp-head gpu or host with it")
-        from moeslots.engine import replay
-        from moeslots.profiles.simulate import layer_counts
+        from . import replay
+        from ..profiles.simulate import layer_counts
 
         trunk = [il for il in f.moe_layers if il < f.n_layer]
         need = 1024 + ctx.n_ctx
@@ -229,7 +229,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(0, m.n_vocab - 16, 64)]
     if prompt_text is not None:
-        from moeslots.engine.engine import Message, render_chat
+        from .engine import Message, render_chat
 
         prompt = m.tokenize(render_chat(m, [Message("user", prompt_text)]), add_special=False, parse_special=True)
     ctx.enable_stats(ring_rows=0)
@@ -324,9 +324,9 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     on the rows just decoded, from the plan held when they began (choose_repick_from, untimed, as the engine does
     it between replies); the simulator runs the same schedule. `profile_from` (a trace CSV): the profile rows come
     from that trace instead of the replayed one — a chat that is not what its profile recorded."""
-    from moeslots.engine import replay
-    from moeslots.engine.engine import AUTO_EVERY
-    from moeslots.profiles.simulate import (CostModel, Picks, _reelect, _resident_from_plan, _static, choose_repick,
+    from . import replay
+    from .engine import AUTO_EVERY
+    from ..profiles.simulate import (CostModel, Picks, _reelect, _resident_from_plan, _static, choose_repick,
                                             choose_repick_from, layer_counts, run_schedule)
 
     auto_every = auto_every or AUTO_EVERY

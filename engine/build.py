@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-from moeslots.engine import hardware
+from . import hardware
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeslots.engine.errors import EngineError
+from .errors import EngineError
 
 NAME = "moeslots-tiny-glm4moe"
 _ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def _profiles_dir() -> Path:
-    import moeslots.profiles
+    from .. import profiles
 
-    return Path(moeslots.profiles.__file__).resolve().parent / "data"
+    return Path(profiles.__file__).resolve().parent / "data"
 
 
 def model() -> Path:

@@ -11,11 +11,11 @@ import ctypes
 import dataclasses
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from moeslots.engine import native
+from . import native
 
 if TYPE_CHECKING:
     import numpy as np
-from moeslots.engine.errors import EngineError
+from .errors import EngineError
 
 ERR_INPUT, ERR_NO_MEMORY, ERR_UNSUPPORTED = -1, -2, -3
 PACK_HOST = 1
@@ -119,7 +119,7 @@ def elect_swaps(plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps:
     decode rows of the last `window` positions in the routing ring: {layer: [(slot, new expert), ...]}."""
     import numpy as np
 
-    from moeslots.profiles.plan import elect
+    from ..profiles.plan import elect
 
     ring = ring[ring[:, 0] >= 0]
     if not len(ring) or not plan.layers:

@@ -23,11 +23,11 @@ from typing import Callable
 
 import numpy as np
 
-from moeslots.engine import cache, native, replay
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context, LoadOptions, Model
+from . import cache, native, replay
+from . import stats as stats_mod
+from .cache import SlotPlan
+from .errors import EngineError
+from .model import Context, LoadOptions, Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Calibration:
     def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False):  # noqa: ANN201 (simulate.CostModel)
         """pinned: the experts live in pinned host memory (loaded without mmap); an mmap'ed model's re-pick
         copies come from pageable memory (4x slower on the H200 box)."""
-        from moeslots.profiles.simulate import CostModel
+        from ..profiles.simulate import CostModel
 
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_gbps, pcie_gbps=pcie,
@@ -65,7 +65,7 @@ def machine_id() -> str:
 
 def save(c: Calibration, path: Path | None = None) -> Path:
     """Merge into config.toml (atomically), keeping every other table."""
-    from moeslots import configfile
+    from .. import configfile
 
     p = path or configfile.path()
     cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
@@ -75,7 +75,7 @@ def save(c: Calibration, path: Path | None = None) -> Path:
 
 def load(machine: str | None = None, path: Path | None = None) -> Calibration | None:
     """This machine's calibration, or None (not calibrated, or an unreadable entry)."""
-    from moeslots import configfile
+    from .. import configfile
 
     p = path or configfile.path()
     try:

@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from moeslots.engine import ggufhead
-from moeslots.engine.native import EXPERT_TENSOR_PATTERN
+from . import ggufhead
+from .native import EXPERT_TENSOR_PATTERN
 
 if TYPE_CHECKING:
-    from moeslots.engine import hardware
+    from . import hardware
 
 GiB = 1 << 30
 VRAM_MARGIN = 1 << 30           # what `--slots auto` keeps free (profiles.plan.auto_slots)
@@ -157,7 +157,7 @@ def describe(f: Found) -> ModelInfo:
     elif not layers:
         error = "no expert tensors found"
     else:
-        from moeslots.engine import validate
+        from . import validate
 
         bad = validate.first_problem(h, [t for hd in heads for t in hd.tensors])
         error = f"inconsistent header: {bad}" if bad else ""
@@ -175,7 +175,7 @@ class Fit:
 def fit(m: ModelInfo, vram_free: int | None, ram_free: int | None) -> Fit:
     """Where the model would live here: vram_free is the largest GPU's free bytes (None: no GPU), ram_free
     MemAvailable (None: unknown)."""
-    from moeslots.profiles.plan import auto_slots
+    from ..profiles.plan import auto_slots
 
     if m.error:
         return Fit("no", 0, m.error)
@@ -209,7 +209,7 @@ def survey(model_dirs: Sequence[str] = (), env: Mapping[str, str] | None = None,
            cwd: Path | None = None, gpus: "Sequence[hardware.Gpu] | None" = None,
            ram_free: int | None = -1) -> Survey:
     """The models found and where each would live on this machine. gpus / ram_free replace the probes (tests)."""
-    from moeslots.engine import hardware
+    from . import hardware
 
     gpus = hardware.probe_gpus() if gpus is None else gpus
     ram = hardware.mem_available() if ram_free == -1 else ram_free

@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 import numpy as np
 
-from moeslots.engine import autoprofile, discovery, hardware
-from moeslots.engine import cache as cache_mod
-from moeslots.engine import model as model_mod
-from moeslots.engine import native, recurrent
-from moeslots.engine import recent as recent_mod
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
-from moeslots.engine.mtp import MTP, sample
-from moeslots.engine.mtp_auto import AdaptiveMTP
+from . import autoprofile, discovery, hardware
+from . import cache as cache_mod
+from . import model as model_mod
+from . import native, recurrent
+from . import recent as recent_mod
+from . import stats as stats_mod
+from .cache import SlotPlan
+from .errors import EngineError
+from .model import Context, Detokenizer, LoadOptions, Model
+from .mtp import MTP, sample
+from .mtp_auto import AdaptiveMTP
 
 if TYPE_CHECKING:
-    from moeslots.profiles.simulate import CostModel
-    from moeslots.profiles.trace import Trace
+    from ..profiles.simulate import CostModel
+    from ..profiles.trace import Trace
 
 
 AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens of the chat: the intervals it can
@@ -149,9 +149,9 @@ def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pa
     """Per trunk MoE layer the top-`slots` decode experts of the profile; "auto": the most slots whose packs fit the
     GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes; one without decode rows
     says so in `notices` (engine.profilecheck)."""
-    from moeslots.engine.profilecheck import read_for
-    from moeslots.profiles.plan import plan_from_counts
-    from moeslots.profiles.profile import from_trace
+    from .profilecheck import read_for
+    from ..profiles.plan import plan_from_counts
+    from ..profiles.profile import from_trace
 
     f = model.facts
     counts = from_trace(read_for(model, profile, notices), model.n_layer_all, f.n_expert).counts
@@ -162,7 +162,7 @@ def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pa
 def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False) -> int:
     """Slots per layer for a plan: a number (checked), or "auto": the most whose packs fit the GPU's free memory
     minus 1 GiB (half the experts with packs in host memory)."""
-    from moeslots.profiles.plan import auto_slots
+    from ..profiles.plan import auto_slots
 
     f = model.facts
     if slots == "auto":
@@ -295,8 +295,8 @@ class Engine:
 
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
-        from moeslots.engine import calibrate
-        from moeslots.profiles.simulate import CostModel
+        from . import calibrate
+        from ..profiles.simulate import CostModel
 
         slab_mb = self.model.facts.slab_bytes / 1e6 or CostModel.slab_mb
         cal = calibrate.load()
@@ -314,8 +314,8 @@ class Engine:
 
     def explain_slots(self) -> str:
         """One line on the slot count in use: what fits, and what the active profile predicts for it."""
-        from moeslots.profiles.simulate import simulate
-        from moeslots.profiles.trace import TraceError, read_csv
+        from ..profiles.simulate import simulate
+        from ..profiles.trace import TraceError, read_csv
 
         s = self._plan.slots_per_layer
         f = self.model.facts
@@ -506,8 +506,8 @@ class Engine:
     def set_repick_auto(self, cost: "CostModel | None" = None) -> str:
         """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
         model (default: the H200 box's measured rates); returns the one-line reason."""
-        from moeslots.profiles.simulate import choose_repick
-        from moeslots.profiles.trace import TraceError, read_csv
+        from ..profiles.simulate import choose_repick
+        from ..profiles.trace import TraceError, read_csv
 
         if self.cfg.profile is None or not self._plan.layers:
             raise EngineError("--repick auto needs a profile and slots")
@@ -537,8 +537,8 @@ class Engine:
         mark, every = self._auto_mark, self.cfg.repick_auto_every
         if mark is None or every <= 0 or n_dec - mark[0] < every or not self._plan.layers:
             return
-        from moeslots.profiles.simulate import choose_repick_from
-        from moeslots.profiles.trace import from_ring
+        from ..profiles.simulate import choose_repick_from
+        from ..profiles.trace import from_ring
 
         # decode rows of the slot layers (not the NextN block's, whose experts never sit in slots)
         ring = st.ring[(st.ring[:, 0] >= 0) & np.isin(st.ring[:, 1], list(mark[1].layers))]
@@ -621,7 +621,7 @@ class Engine:
         line = f"one slot per layer = {per_slot / 2**20:.0f} MiB; pack now {cache_mod.pack_bytes(self.model.ptr) / 2**20:.0f} MiB"
         gpus = [] if self.cfg.pack_host else native.gpus()
         if gpus and per_slot:
-            from moeslots.profiles.plan import auto_slots
+            from ..profiles.plan import auto_slots
 
             free = max(g.free for g in gpus) + cache_mod.pack_bytes(self.model.ptr)   # the old pack is freed first
             line += f"; fits up to {auto_slots(free, len(layers), f.slab_bytes, f.n_expert)} (auto)"
@@ -637,8 +637,8 @@ class Engine:
         """Mean per-layer overlap of the top-S sets of `path` and the active profile at the current S."""
         if self.cfg.profile is None or not self._plan.layers:
             return None
-        from moeslots.profiles.profile import from_trace, overlap
-        from moeslots.profiles.trace import read_csv
+        from ..profiles.profile import from_trace, overlap
+        from ..profiles.trace import read_csv
 
         s = self._plan.slots_per_layer
         a = from_trace(read_csv(Path(self.cfg.profile)), self.model.n_layer_all, self.model.facts.n_expert)
@@ -673,7 +673,7 @@ class Engine:
 
     def stop_recording(self, path: Path) -> "Trace":
         """Write what was recorded (atomically) and stop; returns the trace."""
-        from moeslots.profiles.trace import from_ring, write_csv
+        from ..profiles.trace import from_ring, write_csv
 
         with self._lock:
             if self._rec is not None and not self._rec_tokens:   # never replace a profile with an empty one
@@ -726,8 +726,8 @@ class Engine:
         cached line."""
         if n_dec == self._whatif[1] or not plan.layers:
             return
-        from moeslots.profiles.simulate import simulate
-        from moeslots.profiles.trace import from_ring
+        from ..profiles.simulate import simulate
+        from ..profiles.trace import from_ring
 
         ring = st.ring[st.ring[:, 0] >= 0][-256 * max(1, len(plan.layers)):]
         if len(ring) < 8:

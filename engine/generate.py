@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from moeslots.engine.model import Context, Detokenizer, LoadOptions, Model
+from .model import Context, Detokenizer, LoadOptions, Model
 
 
 @dataclasses.dataclass(frozen=True)

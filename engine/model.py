@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from moeslots.engine import native
-from moeslots.engine.errors import EngineError, ModelError
+from . import native
+from .errors import EngineError, ModelError
 
 if TYPE_CHECKING:
-    from moeslots.engine.cache import SlotPlan
-    from moeslots.engine.stats import RoutingStats
+    from .cache import SlotPlan
+    from .stats import RoutingStats
 
 GGUF_MAGIC = b"GGUF"
 _EXPERT_BIAS = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.bias$")
@@ -91,7 +91,7 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if magic != GGUF_MAGIC:
         raise ModelError(f"{path} is not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
     try:
-        from moeslots.engine import ggufhead
+        from . import ggufhead
 
         h = ggufhead.read_header(path)      # header only: GGUFReader parses a 150k-token vocabulary for seconds
         get = h.get
@@ -123,7 +123,7 @@ def inspect_gguf(path: Path) -> ModelFacts:
     if biased:
         raise ModelError(f"{path} has experts with biases ({biased[0]}, gpt-oss style): the expert cache cannot "
                          "split such experts between GPU and CPU yet")
-    from moeslots.engine import validate
+    from . import validate
 
     bad = validate.first_problem(h)          # values llama.cpp would abort on, MoE shapes the engine assumes
     if bad:
@@ -188,7 +188,7 @@ class Model:
     def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0, spare: bool = False) -> str:
         """Configure the static expert cache (between generations); returns the engine's load line.
         Contexts keep working: their graphs are rebuilt on the next decode."""
-        from moeslots.engine import cache
+        from . import cache
 
         try:
             self.cache_line = cache.configure(self.ptr, self.n_layer_all, plan, pack_host=pack_host,
@@ -201,7 +201,7 @@ class Model:
     def close(self) -> None:
         if getattr(self, "ptr", None):
             if native.hasattr_symbol(self._L._lib, "llama_moeslots_cache_clear"):
-                from moeslots.engine import cache
+                from . import cache
 
                 cache.clear(self.ptr)   # the pack is keyed by this model's tensors: never outlive it
             self._L.llama_model_free(self.ptr)
@@ -305,19 +305,19 @@ class Context:
 
     def enable_stats(self, ring_rows: int = 4096) -> None:
         """Native routing stats for this context (per (layer, expert) picks, hits/misses, a ring of rows)."""
-        from moeslots.engine import stats
+        from . import stats
 
         stats.enable(self.ptr, ring_rows)
         self.stats_ring = ring_rows
 
     def disable_stats(self) -> None:
-        from moeslots.engine import stats
+        from . import stats
 
         stats.disable(self.ptr)
         self.stats_ring = -1
 
     def read_stats(self) -> "RoutingStats":
-        from moeslots.engine import stats
+        from . import stats
 
         f = self.model.facts
         return stats.read(self.ptr, self.model.n_layer_all, f.n_expert, f.n_expert_used, self.stats_ring)
@@ -374,7 +374,7 @@ class Context:
                 b.seq_id[i][0] = 0
                 b.logits[i] = 1 if all_logits or (last_chunk and i == len(chunk) - 1) else 0
             if self.stats_ring >= 0:
-                from moeslots.engine import stats
+                from . import stats
 
                 stats.mark_batch(self.ptr, self.n_past, len(chunk), prompt)
             rc = L.llama_decode(self.ptr, b)
@@ -386,7 +386,7 @@ class Context:
 
     def graph_splits(self) -> int:
         """Backend runs (splits) of the last computed graph; each boundary is a synchronisation."""
-        from moeslots.engine import cache
+        from . import cache
 
         return cache.graph_splits(self.ptr)
 

@@ -18,10 +18,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from moeslots.engine import model as model_mod
-from moeslots.engine import native
-from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context, Model, default_threads
+from . import model as model_mod
+from . import native
+from .errors import EngineError
+from .model import Context, Model, default_threads
 
 
 @dataclasses.dataclass

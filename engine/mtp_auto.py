@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from moeslots.engine.mtp import MTP
+from .mtp import MTP
 
 ON, OFF, PROBE = "on", "off", "probe"
 

@@ -10,7 +10,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from moeslots.engine.errors import EngineError, NotPatchedError
+from .errors import EngineError, NotPatchedError
 
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
 GGML_BACKEND_DEVICE_TYPE_GPU = 1
@@ -38,7 +38,7 @@ def llama() -> Any:
     L.llama_backend_init()
     _set_quiet_logging(L)
     _bind(L._lib)
-    from moeslots.engine import gil
+    from . import gil
 
     gil.hold_gil(L)                      # per-token calls keep the GIL: only llama_decode lets go of it
     return L
@@ -194,7 +194,7 @@ def engine_patch_id() -> str | None:
 
 def expected_patch_id() -> str | None:
     """The id of the patch series shipped with this moeslots (None when the patches are not on disk)."""
-    from moeslots.engine import build
+    from . import build
 
     files = build.patch_files()
     return build.patches_hash(files) if files else None

@@ -11,17 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moeslots.engine.errors import EngineError
+from .errors import EngineError
 
 if TYPE_CHECKING:
-    from moeslots.engine.model import Model
-    from moeslots.profiles.trace import Trace
+    from .model import Model
+    from ..profiles.trace import Trace
 
 
 def read_for(model: "Model", profile: Path, notices: list[str] | None = None) -> "Trace":
     """The profile's trace, or EngineError naming both shapes when it was recorded on another model. A notice goes to
     `notices` (once) when it has no decode rows."""
-    from moeslots.profiles.trace import TraceError, read_csv
+    from ..profiles.trace import TraceError, read_csv
 
     try:
         t = read_csv(profile)

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from moeslots.engine.stats import RoutingStats
+from .stats import RoutingStats
 
 ReadStats = Callable[[int], RoutingStats]     # ring rows wanted -> counters and the newest rows, oldest first
 

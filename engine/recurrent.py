@@ -15,8 +15,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 
-from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context
+from .errors import EngineError
+from .model import Context
 
 PARTIAL_ONLY = 1      # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or SWA) part of a sequence's state
 

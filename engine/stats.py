@@ -7,8 +7,8 @@ import dataclasses
 
 import numpy as np
 
-from moeslots.engine import native
-from moeslots.engine.errors import EngineError
+from . import native
+from .errors import EngineError
 
 
 @dataclasses.dataclass(frozen=True)

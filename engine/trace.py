@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moeslots.engine import native
-from moeslots.engine.model import Context, LoadOptions, Model
+from . import native
+from .model import Context, LoadOptions, Model
 
 _TOPK = re.compile(rb"^ffn_moe_topk-(\d+)$")
 

@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from moeslots.engine.ggufhead import Header, TensorInfo
+from .ggufhead import Header, TensorInfo
 
 # llama.cpp's limits (vendor/llama.cpp/src/llama-hparams.h, patch series of engine/patches)
 LLAMA_MAX_LAYERS = 512

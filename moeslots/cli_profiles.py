@@ -15,7 +15,7 @@ def cmd_record(a: argparse.Namespace) -> int:
 
     from moeslots import interrupts
     from moeslots.engine import native
-    from moeslots.profiles import record as rec
+    from moeslots.engine import record as rec
 
     native.require_patched()
     console = Console(stderr=True)

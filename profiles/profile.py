@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from moeslots.profiles.trace import Trace
+from .trace import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ def coverage(p: Profile, slots: int) -> np.ndarray:
 
 
 def top_sets(p: Profile, slots: int) -> list[set[int]]:
-    from moeslots.profiles.plan import plan_from_counts
+    from .plan import plan_from_counts
 
     plan = plan_from_counts(p.counts, slots)
     return [set(plan[il]) for il in range(p.n_layer)]

@@ -18,9 +18,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from moeslots.profiles.plan import plan_from_counts
-from moeslots.profiles.profile import from_trace
-from moeslots.profiles.trace import Trace, TraceError
+from .plan import plan_from_counts
+from .profile import from_trace
+from .trace import Trace, TraceError
 
 POLICIES = ("static-profile", "static-oracle", "lru", "lfu-decay", "reelect")
 
@@ -210,7 +210,7 @@ class Residency:
 
     def repick(self, P: np.ndarray, t0: int) -> int:
         """One re-pick before token t0, from the `window` tokens before it. Returns the slabs uploaded."""
-        from moeslots.profiles.plan import elect
+        from .plan import elect
 
         if self.S <= 0:
             return 0

@@ -159,7 +159,7 @@ def read_csv(path: Path) -> Trace:
 def write_csv(trace: Trace, path: Path) -> None:
     """Atomic: a crash, a full disk or an interrupt leaves the old file (or none), never half a profile; the file
     gets the permissions a plain open() would (moeslots.atomicfile). TraceError (one line) when it cannot be written."""
-    from moeslots import atomicfile
+    from .. import atomicfile
 
     path = Path(path)
     try:

@@ -229,7 +229,7 @@ import sys
 from pathlib import Path
 
 import moeslots.engine.engine as eng
-from moeslots.profiles.record import record
+from moeslots.engine.record import record
 
 eng.render_chat = lambda model, messages: "".join(m.content for m in messages)   # raw completion, no template
 model, out, temp, n, files = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]

@@ -7,11 +7,11 @@ zero-mean Gaussian scaled so its logits are ~N(0, 1) on the normalised hidden st
 independent, so router logits vary from token to token. `routing_check()` measures this through the engine.
 """
 
-from moeslots.engine.synth.archs import tensor_plan
-from moeslots.engine.synth.check import RoutingCheck, routing_check, summarize_routing
-from moeslots.engine.synth.spec import ARCHS, NEXTN_ARCHS, SynthSpec, TensorPlan
-from moeslots.engine.synth.tokenizer import CHAT_TEMPLATE, CONTROL_TOKENS, Tokenizer, build_tokenizer, bytes_to_unicode
-from moeslots.engine.synth.writer import (Q4_K_BLOCK_BYTES, QK_K, SynthInfo, q4_k_random_blocks, quantize,
+from .archs import tensor_plan
+from .check import RoutingCheck, routing_check, summarize_routing
+from .spec import ARCHS, NEXTN_ARCHS, SynthSpec, TensorPlan
+from .tokenizer import CHAT_TEMPLATE, CONTROL_TOKENS, Tokenizer, build_tokenizer, bytes_to_unicode
+from .writer import (Q4_K_BLOCK_BYTES, QK_K, SynthInfo, q4_k_random_blocks, quantize,
                                           tensor_values, write_model)
 
 __all__ = ["ARCHS", "CHAT_TEMPLATE", "CONTROL_TOKENS", "NEXTN_ARCHS", "Q4_K_BLOCK_BYTES", "QK_K", "RoutingCheck",

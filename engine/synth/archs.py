@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeslots.engine.synth.spec import SynthSpec, TensorPlan
-from moeslots.engine.synth.tokenizer import CHAT_TEMPLATE, Tokenizer
+from .spec import SynthSpec, TensorPlan
+from .tokenizer import CHAT_TEMPLATE, Tokenizer
 
 
 def _mat(name: str, n_in: int, n_out: int, scale: float = 1.0) -> TensorPlan:

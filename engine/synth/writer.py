@@ -14,10 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from moeslots.engine.errors import EngineError
-from moeslots.engine.synth.archs import tensor_plan, write_metadata
-from moeslots.engine.synth.spec import SynthSpec, TensorPlan
-from moeslots.engine.synth.tokenizer import build_tokenizer
+from ..errors import EngineError
+from .archs import tensor_plan, write_metadata
+from .spec import SynthSpec, TensorPlan
+from .tokenizer import build_tokenizer
 
 QK_K = 256
 Q4_K_BLOCK_BYTES = 144
@@ -167,7 +167,7 @@ LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15}
 
 
 def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> None:
-    from moeslots.engine import native
+    from .. import native
 
     L = native.llama()
     params = L.llama_model_quantize_default_params()

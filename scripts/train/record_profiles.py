@@ -16,7 +16,7 @@ from pathlib import Path
 
 from corpus import read_docs
 
-from moeslots.profiles.record import record
+from moeslots.engine.record import record
 from moeslots.profiles.trace import merge, read_csv, write_csv
 
 Q = re.compile(r"<\|user\|>\n(.*?)\n<\|assistant\|>", re.S)

@@ -84,7 +84,7 @@ def test_a_failed_reconfigure_keeps_the_previous_plan(engine: Engine) -> None:
 
 
 def test_slots_from_a_recorded_profile(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.profiles.record import record
+    from moeslots.engine.record import record
 
     prompt = tmp_path / "p.txt"
     prompt.write_text("def route(x): return x")
@@ -148,7 +148,7 @@ def test_recording_writes_the_turns_routing(engine: Engine, tmp_path: Path) -> N
 
 
 def test_record_then_apply_the_new_profile(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.profiles.record import record
+    from moeslots.engine.record import record
 
     prompt = tmp_path / "p.txt"
     prompt.write_text("hello")

@@ -24,7 +24,7 @@ DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, ba
 @pytest.fixture(scope="module")
 def prof(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A routing profile of the tiny GLM (64 sampled decode tokens), recorded once for the auto tests."""
-    from moeslots.profiles.record import record
+    from moeslots.engine.record import record
 
     d = tmp_path_factory.mktemp("prof")
     (d / "p.txt").write_text("hello")

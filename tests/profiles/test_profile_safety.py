@@ -76,7 +76,7 @@ def test_an_interrupt_before_the_first_decode_token_keeps_the_old_profile(tiny_g
     """The prompt is read (its rows recorded), then Ctrl-C before a token: the old code replaced a good profile with
     that prompt-only trace."""
     from moeslots.engine import model as model_mod
-    from moeslots.profiles.record import RecordInterrupted, record
+    from moeslots.engine.record import RecordInterrupted, record
 
     out = tmp_path / "prof.csv"
     out.write_text(GOOD)

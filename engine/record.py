@@ -1,5 +1,5 @@
-"""Record a routing trace through the engine's native stats ring (the only module of profiles that loads the
-engine). Each prompt file is one chat turn: its prompt rows (negative pos) and n decode rows are appended."""
+"""`moeslots record`: a routing trace recorded through the engine's native stats ring. Each prompt file is one chat
+turn: its prompt rows (negative pos) and n decode rows are appended."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from moeslots.profiles.trace import Trace, empty, from_ring, write_csv
+from ..profiles.trace import Trace, empty, from_ring, write_csv
+from .engine import Message, render_chat
+from .errors import EngineError
+from .model import Context, LoadOptions, Model
+from .mtp import sample
 
 
 @dataclasses.dataclass
@@ -37,10 +41,6 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
     token, replies that end at once) `out` is left as it was (EngineError when not interrupted).
     temperature 0 decodes greedily (what a chat would route); > 0 samples (random-weight models otherwise fall into
     short greedy cycles whose routing repeats)."""
-    from moeslots.engine.engine import Message, render_chat
-    from moeslots.engine.errors import EngineError
-    from moeslots.engine.model import Context, LoadOptions, Model
-
     texts = []
     for f in prompt_files:
         try:
@@ -54,8 +54,6 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
     meta = {"arch": f.arch, "n_layer": str(model.n_layer_all), "n_expert": str(f.n_expert),
             "k": str(f.n_expert_used), "model": Path(model_path).name.replace(" ", "_")}
     chunks: list[Trace] = []
-    from moeslots.engine.mtp import sample
-
     rng = np.random.default_rng(seed)
 
     n_moe = len([il for il in f.moe_layers if il < f.n_layer])
