@@ -22,12 +22,12 @@ from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Markdown, Static
 
-from moeslots.tui.inspector import Inspector
-from moeslots.tui.widgets.chat import ChatMessage, Prompt, printable
-from moeslots.tui.screens.modals import NameScreen, SlotsScreen
-from moeslots.tui.store import Store, data_dir
-from moeslots.tui.stream import STREAM_EVERY, LiveTail, Pacer, ReplyBuffer, ReplyView
-from moeslots.tui.widgets.heatmap import SlotHeatmap
+from .inspector import Inspector
+from .widgets.chat import ChatMessage, Prompt, printable
+from .screens.modals import NameScreen, SlotsScreen
+from .store import Store, data_dir
+from .stream import STREAM_EVERY, LiveTail, Pacer, ReplyBuffer, ReplyView
+from .widgets.heatmap import SlotHeatmap
 
 
 class EngineLike(Protocol):
@@ -156,7 +156,7 @@ class MoeslotsApp(App[None]):
     # -- chat --------------------------------------------------------------------------------------------------
 
     def _messages(self) -> list[Any]:
-        from moeslots.engine.engine import Message
+        from ..engine.engine import Message
 
         msgs = []
         sys_prompt = self.store.system(self.chat_id)
@@ -189,7 +189,7 @@ class MoeslotsApp(App[None]):
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def generate(self, messages: list[Any], cancel: threading.Event) -> None:
-        from moeslots.engine.engine import Done, TextDelta
+        from ..engine.engine import Done, TextDelta
 
         put = self._reply.put                              # per token: a list append, never a wait on the UI
         text, stats, error = "", None, None
@@ -308,7 +308,7 @@ class MoeslotsApp(App[None]):
             return
         self.call_from_thread(self.notify, line)
         if self.remember:
-            from moeslots.tui import config
+            from . import config
 
             try:
                 config.save_app({"slots": value, "profile": str(getattr(getattr(self.engine, "cfg", None),
@@ -372,7 +372,7 @@ class MoeslotsApp(App[None]):
         self._notices_seen = len(notices)
 
     def action_models(self) -> None:
-        from moeslots.tui.screens.models import open_picker
+        from .screens.models import open_picker
 
         open_picker(self)
 
@@ -435,7 +435,7 @@ class MoeslotsApp(App[None]):
 
 def load_keymap() -> dict[str, str]:
     """[keymap] of config.toml: binding id -> keys (e.g. record = "ctrl+g")."""
-    from moeslots.tui import config
+    from . import config
 
     try:
         return dict(config.load().get("keymap", {}))

@@ -116,7 +116,7 @@ def _fresh_mtp(engine: Any) -> None:
 
 def run_engine_side(engine: Any, prompt: str, replies: int) -> SideResult:
     """`replies` replies to `prompt`, each in a new chat, consumed in a worker thread like the app's."""
-    from moeslots.engine.engine import Done, Message
+    from ..engine.engine import Done, Message
 
     _fresh_mtp(engine)
     tok_s: list[float] = []
@@ -150,8 +150,8 @@ def run_engine_side(engine: Any, prompt: str, replies: int) -> SideResult:
 async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path, timeout: float) -> SideResult:
     from textual import events
 
-    from moeslots.tui.app import MoeslotsApp, Prompt
-    from moeslots.tui.store import Store
+    from .app import MoeslotsApp, Prompt
+    from .store import Store
 
     _fresh_mtp(engine)
     store = Store(store_dir / "bench-chats.sqlite")
@@ -226,7 +226,7 @@ def run(engine: Any, *, model: str, slots: int, threads: int, mtp: bool, n_token
         load = OtherLoad()
         side = (run_engine_side(engine, prompt, replies) if name == "engine" else run_app_side(engine, prompt, replies))
         sides[name] = dataclasses.replace(side, others=load.cores())
-    from moeslots.engine.threads import allowed_cpus
+    from ..engine.threads import allowed_cpus
 
     return AppBenchResult(model, slots, threads, mtp, n_tokens, sides["engine"], sides["app"],
                           sides["engine"].text == sides["app"].text, getattr(engine.snapshot(), "mtp_line", ""),

@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from moeslots import configfile
+from .. import configfile
 
 
 APP_KEYS: dict[str, type | tuple[type, ...]] = {

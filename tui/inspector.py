@@ -10,8 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Label, Sparkline, Static
 
-from moeslots.tui.widgets.heatmap import SlotHeatmap
-from moeslots.tui.widgets.splitbar import SplitBar
+from .widgets.heatmap import SlotHeatmap
+from .widgets.splitbar import SplitBar
 
 
 class Inspector(Vertical):

@@ -6,7 +6,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from moeslots import configfile
+from .. import configfile
 
 SCHEMA = 1
 

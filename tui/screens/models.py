@@ -18,10 +18,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
-from moeslots.engine import discovery
+from ...engine import discovery
 
 if TYPE_CHECKING:
-    from moeslots.tui.app import MoeslotsApp
+    from ..app import MoeslotsApp
 
 Scan = Callable[[], discovery.Survey]
 
@@ -102,12 +102,12 @@ class Switching:
         self.notices: list[str] = []
 
     def snapshot(self) -> Any:
-        from moeslots.engine.engine import Snapshot
+        from ...engine.engine import Snapshot
 
         return Snapshot("", self.load_line, (), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0, 0, 0, False, True)
 
     def _busy(self, *a: Any, **k: Any) -> Any:
-        from moeslots.engine.errors import EngineError
+        from ...engine.errors import EngineError
 
         raise EngineError("switching models: a moment")
 

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.message import Message as TMessage
 from textual.widgets import Label, Markdown, TextArea
 
-from moeslots.tui.stream import LiveTail
+from ..stream import LiveTail
 
 
 class Prompt(TextArea):
