@@ -1,8 +1,9 @@
 """Build the patched engine: llama-cpp-python 0.3.36 from PyPI's sdist + engine/patches/*.patch.
 
-Pipeline: download sdist (pip) -> check sha256 -> unpack -> apply patches in order -> build a wheel with
-scikit-build-core -> cache it under ${XDG_CACHE_HOME:-~/.cache}/moeslots/ keyed by (sdist hash, patches hash,
-build flags) -> install into the running interpreter's environment.
+Pipeline: download sdist (pip) -> check sha256 -> unpack -> apply patches in order (engine.source,
+engine.patchset) -> build a wheel with scikit-build-core -> cache it under ${XDG_CACHE_HOME:-~/.cache}/moeslots/
+keyed by (sdist hash, patches hash, build flags) -> install into the running interpreter's environment. This module
+holds the flags, the key, the wheel build and install, and ensure_engine() which runs the pipeline.
 
 A rebuild with nothing changed is a key comparison (no download, no compile). The build directory is kept per
 flag set, so a patch that touches only src/ rebuilds incrementally.
@@ -19,44 +20,17 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from . import hardware
+from .errors import BuildError
+from .patchset import PATCHES_DIR, patch_files, patches_hash
+from .source import EXPORT_STAMP, SDIST_SHA256, prepare_source, sync_tree, tree_size
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 MARKER_NAME = "moeslots-engine.json"
-
-# What the trimmed source drops (see shared/h200-box.md): still builds, since llama.cpp is a subproject whose
-# tests/tools/examples default OFF; only tools/mtmd is needed (and only when LLAVA_BUILD is on).
-TRIM_PATHS = [
-    ".git", ".github", ".devops", "docker", "docs", "tests", "examples", "scripts",
-    "vendor/llama.cpp/.git", "vendor/llama.cpp/.github", "vendor/llama.cpp/.devops",
-    "vendor/llama.cpp/models", "vendor/llama.cpp/docs", "vendor/llama.cpp/media",
-    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests", "vendor/llama.cpp/examples",
-    "vendor/llama.cpp/tools/ui", "vendor/llama.cpp/app", "vendor/llama.cpp/skills",
-    "vendor/llama.cpp/pocs", "vendor/llama.cpp/conversion",
-] + [f"vendor/llama.cpp/ggml/src/ggml-{b}" for b in (
-    "opencl", "sycl", "vulkan", "hexagon", "metal", "et", "webgpu", "openvino", "cann", "virtgpu",
-    "musa", "zdnn", "zendnn", "rpc", "kompute")]
-# Top-level "examples" of llama-cpp-python are python examples (not needed); keep its llama_cpp package.
-KEEP_ALWAYS = {"vendor/llama.cpp/tools/mtmd"}
-EXPORT_STAMP = "MOESLOTS_SOURCE.json"
-
-
-class BuildError(RuntimeError):
-    """A build step failed; the message is meant for the user, one or two lines."""
-
-
-class PatchError(BuildError):
-    """A patch of the series does not apply."""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # keys and paths
@@ -65,20 +39,6 @@ class PatchError(BuildError):
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "moeslots"
-
-
-def patch_files(patches_dir: Path = PATCHES_DIR) -> list[Path]:
-    return sorted(patches_dir.glob("*.patch"))
-
-
-def patches_hash(files: Sequence[Path]) -> str:
-    """Hash of the series: names and contents, in apply order."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0")
-        h.update(f.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
 
 
 def _cpu_fingerprint() -> str:
@@ -162,139 +122,6 @@ def build_key(sdist_sha256: str, patch_id: str, flags: BuildFlags) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # steps
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def fetch_sdist(cache: Path, log: Callable[[str], None] = print) -> Path:
-    """The verified sdist, from the cache or downloaded with pip."""
-    dest = cache / "sdist" / SDIST_NAME
-    if dest.exists() and sha256_file(dest) == SDIST_SHA256:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist from PyPI")
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-               "--no-deps", "--no-binary", "llama-cpp-python", "--no-build-isolation", "-d", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / SDIST_NAME
-        if r.returncode != 0 or not got.exists():
-            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
-            raise BuildError(f"could not download the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
-                             f"(no internet? use --from-source DIR):\n{tail}")
-        digest = sha256_file(got)
-        if digest != SDIST_SHA256:
-            raise BuildError(f"sdist sha256 mismatch: got {digest}, expected {SDIST_SHA256}")
-        os.replace(got, dest)
-    return dest
-
-
-def unpack_sdist(sdist: Path, dest_parent: Path) -> Path:
-    with tarfile.open(sdist) as tf:
-        tf.extractall(dest_parent, filter="data")
-    return dest_parent / SDIST_NAME.removesuffix(".tar.gz")
-
-
-_HUNK_FAIL = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
-_CHECKING = re.compile(r"^(?:checking|patching) file (.+)$")
-
-
-def apply_patches(tree: Path, patches: Iterable[Path]) -> None:
-    """Apply each patch (-p1) in order; dry-run first, so a failing patch leaves no half-applied files."""
-    tool = shutil.which("patch")
-    if tool is None:
-        raise BuildError("the `patch` program is missing (apt install patch)")
-    for p in patches:
-        base = [tool, "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(tree), "-i", str(p)]
-        dry = subprocess.run(base + ["--dry-run"], capture_output=True, text=True)
-        if dry.returncode != 0:
-            raise PatchError(f"patch {p.name} does not apply: {_explain_patch_failure(dry.stdout + dry.stderr)}")
-        real = subprocess.run(base, capture_output=True, text=True)
-        if real.returncode != 0:
-            raise PatchError(f"patch {p.name} failed: {_explain_patch_failure(real.stdout + real.stderr)}")
-
-
-def _explain_patch_failure(out: str) -> str:
-    current = "?"
-    problems = []
-    for line in out.splitlines():
-        m = _CHECKING.match(line.strip())
-        if m:
-            current = m.group(1)
-            continue
-        h = _HUNK_FAIL.search(line)
-        if h:
-            problems.append(f"hunk #{h.group(1)} of {current} (at line {h.group(2)})")
-        elif "can't find file" in line or "No such file" in line:
-            problems.append(f"missing file ({line.strip()})")
-        elif "Reversed (or previously applied)" in line:
-            problems.append(f"{current} already patched")
-        elif "malformed patch" in line or "Only garbage" in line:
-            problems.append(line.strip())
-    if problems:
-        return "; ".join(dict.fromkeys(problems))
-    lines = out.strip().splitlines()
-    return lines[-1] if lines else "unknown error"
-
-
-def trim_tree(tree: Path) -> None:
-    for rel in TRIM_PATHS:
-        if rel in KEEP_ALWAYS:
-            continue
-        p = tree / rel
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-
-
-def sync_tree(src: Path, dst: Path) -> int:
-    """Make dst a copy of src, rewriting only files whose bytes differ (so their mtimes, and with them the
-    incremental build, survive). Returns the number of files written or removed."""
-    changed = 0
-    seen: set[Path] = set()
-    for f in src.rglob("*"):
-        rel = f.relative_to(src)
-        seen.add(rel)
-        out = dst / rel
-        if f.is_symlink():
-            target = os.readlink(f)
-            if not (out.is_symlink() and os.readlink(out) == target):
-                if out.exists() or out.is_symlink():
-                    shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
-                out.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(target, out)
-                changed += 1
-        elif f.is_dir():
-            out.mkdir(parents=True, exist_ok=True)
-        else:
-            if out.is_file() and not out.is_symlink() and out.stat().st_size == f.stat().st_size \
-                    and out.read_bytes() == f.read_bytes():
-                continue
-            if out.is_dir() and not out.is_symlink():
-                shutil.rmtree(out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, out)      # new mtime: ninja must see the change
-            shutil.copymode(f, out)
-            changed += 1
-    for f in sorted(dst.rglob("*"), reverse=True):
-        if f.relative_to(dst) not in seen:
-            if f.is_dir() and not f.is_symlink():
-                shutil.rmtree(f, ignore_errors=True)
-            elif f.exists() or f.is_symlink():
-                f.unlink()
-            changed += 1
-    return changed
-
-
-def tree_size(tree: Path) -> int:
-    return sum(f.stat().st_size for f in tree.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def check_toolchain(flags: BuildFlags) -> None:
@@ -403,25 +230,6 @@ class BuildResult:
     wheel: Path
     action: str            # "up-to-date" | "installed-cached" | "built"
     seconds: float
-
-
-def prepare_source(dest: Path, cache: Path, patches: Sequence[Path], *, trim: bool,
-                   log: Callable[[str], None] = print) -> Path:
-    """Unpack the verified sdist into dest (replaced) and apply the series; returns the source root."""
-    sdist = fetch_sdist(cache, log)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        root = unpack_sdist(sdist, Path(tmp))
-        apply_patches(root, patches)
-        if trim:
-            trim_tree(root)
-        (root / EXPORT_STAMP).write_text(json.dumps({
-            "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "sdist_sha256": SDIST_SHA256,
-            "patches": [p.name for p in patches], "patch_id": patches_hash(patches)}, indent=1))
-        os.replace(root, dest)
-    return dest
 
 
 @contextlib.contextmanager

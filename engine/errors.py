@@ -11,3 +11,11 @@ class ModelError(EngineError):
 
 class NotPatchedError(EngineError):
     """The installed llama-cpp-python lacks the moeslots patch series (or carries an older one)."""
+
+
+class BuildError(RuntimeError):
+    """A step of `moeslots engine build` failed; the message is meant for the user, one or two lines."""
+
+
+class PatchError(BuildError):
+    """A patch of the series does not apply."""

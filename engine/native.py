@@ -194,10 +194,10 @@ def engine_patch_id() -> str | None:
 
 def expected_patch_id() -> str | None:
     """The id of the patch series shipped with this moeslots (None when the patches are not on disk)."""
-    from . import build
+    from . import patchset
 
-    files = build.patch_files()
-    return build.patches_hash(files) if files else None
+    files = patchset.patch_files()
+    return patchset.patches_hash(files) if files else None
 
 
 def require_patched() -> str:

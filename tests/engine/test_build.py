@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import build
+from moeslots.engine import build, patchset
 
 
 def _series(tmp: Path, contents: dict[str, str]) -> Path:
@@ -73,15 +73,15 @@ BAD = """--- a/src/b.c
 def test_patches_apply_in_order(tmp_path: Path) -> None:
     t = _tree(tmp_path)
     d = _series(tmp_path, {"0001-good.patch": GOOD})
-    build.apply_patches(t, build.patch_files(d))
+    patchset.apply_patches(t, build.patch_files(d))
     assert "return 10;" in (t / "src" / "a.c").read_text()
 
 
 def test_failing_patch_is_named_with_its_hunk(tmp_path: Path) -> None:
     t = _tree(tmp_path)
     d = _series(tmp_path, {"0001-good.patch": GOOD, "0002-broken.patch": BAD})
-    with pytest.raises(build.PatchError) as ei:
-        build.apply_patches(t, build.patch_files(d))
+    with pytest.raises(patchset.PatchError) as ei:
+        patchset.apply_patches(t, build.patch_files(d))
     msg = str(ei.value)
     assert "0002-broken.patch" in msg and "hunk #1" in msg and "src/b.c" in msg
     assert "return 2;" in (t / "src" / "b.c").read_text()          # dry run first: nothing half-applied
