@@ -25,14 +25,16 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import configfile
+from ..profiles.plan import plan_from_counts
+from ..profiles.trace import Trace, TraceError, from_ring, merge, read_csv, write_csv
 from . import ggufhead, native
 from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
+from .slots import slot_count
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from ..profiles.trace import Trace
 
 MIN_TOKENS = 64          # decode tokens a session records before its first save (a shorter one says little)
 MAX_TOKENS = 8192        # decode tokens a saved profile keeps (the newest): plans settle long before, files stay small
@@ -66,11 +68,9 @@ def _tilde(p: Path) -> str:
     return "~" + str(p)[len(home):] if str(p).startswith(home + "/") else str(p)
 
 
-def read_saved(path: Path) -> "Trace | None":
+def read_saved(path: Path) -> Trace | None:
     """The saved profile when it exists and holds decode rows; a damaged one is moved aside (never silently
     overwritten) and None returned."""
-    from ..profiles.trace import TraceError, read_csv
-
     if not path.is_file():
         return None
     try:
@@ -169,8 +169,6 @@ class AutoProfile:
     # -- internals -----------------------------------------------------------------------------------------------
 
     def _apply(self, eng: "Engine", rows: np.ndarray, n: int) -> bool:
-        from ..profiles.plan import plan_from_counts
-
         f = eng.model.facts
         layers = [il for il in f.moe_layers if il < f.n_layer]
         rows = rows[np.isin(rows[:, 1], layers)]
@@ -186,8 +184,6 @@ class AutoProfile:
         return True
 
     def _save(self, eng: "Engine", rows: np.ndarray, tokens: int) -> None:
-        from ..profiles.trace import from_ring, merge, write_csv
-
         session = from_ring(rows, eng.routing_meta(tokens))
         base, path = self.base, self.path
 
@@ -209,10 +205,8 @@ class AutoProfile:
         self.saver.submit(job)
 
 
-def _newest(t: "Trace", max_tokens: int) -> "Trace":
+def _newest(t: Trace, max_tokens: int) -> Trace:
     """The rows of the newest max_tokens decode tokens (a saved profile does not grow without bound)."""
-    from ..profiles.trace import Trace
-
     per_token = len(np.unique(t.layer)) if t.n_rows else 1
     keep = max_tokens * per_token
     if t.n_rows <= keep:
@@ -224,8 +218,6 @@ def _newest(t: "Trace", max_tokens: int) -> "Trace":
 def _slot_count(eng: "Engine", slots: int | str) -> int:
     """S for a plan: a number as given, "auto" as for a profile (what fits the free VRAM; half the experts with
     packs in host memory), nothing on a machine without a GPU unless packs in host memory were asked for."""
-    from .engine import slot_count
-
     if slots in (0, "0", None):
         return 0
     if slots == "auto" and not eng.cfg.pack_host and not native.gpus():

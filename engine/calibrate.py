@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from .. import configfile
+from ..profiles.costs import CostModel
 from . import cache, native, replay
 from . import stats as stats_mod
 from .cache import SlotPlan
@@ -42,11 +44,9 @@ class Calibration:
     base_ms: float
     method: str                        # "split" (GPU) or "cpu-only lower bound"
 
-    def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False):  # noqa: ANN201 (simulate.CostModel)
+    def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False) -> CostModel:
         """pinned: the experts live in pinned host memory (loaded without mmap); an mmap'ed model's re-pick
         copies come from pageable memory (4x slower on the H200 box)."""
-        from ..profiles.simulate import CostModel
-
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_gbps, pcie_gbps=pcie,
                          base_ms=self.base_ms)
@@ -65,8 +65,6 @@ def machine_id() -> str:
 
 def save(c: Calibration, path: Path | None = None) -> Path:
     """Merge into config.toml (atomically), keeping every other table."""
-    from .. import configfile
-
     p = path or configfile.path()
     cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
     cfg.setdefault("calibration", {})[c.machine] = dataclasses.asdict(c)
@@ -75,8 +73,6 @@ def save(c: Calibration, path: Path | None = None) -> Path:
 
 def load(machine: str | None = None, path: Path | None = None) -> Calibration | None:
     """This machine's calibration, or None (not calibrated, or an unreadable entry)."""
-    from .. import configfile
-
     p = path or configfile.path()
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
@@ -84,6 +80,21 @@ def load(machine: str | None = None, path: Path | None = None) -> Calibration | 
         return Calibration(**d) if isinstance(d, dict) else None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError):
         return None
+
+
+def costs_for(slab_bytes: int, *, pinned: bool) -> tuple[CostModel, str]:
+    """The costs every estimate uses (`--repick auto`, the slots line, `bench repick`'s simulator column): this
+    machine's calibration for a model of `slab_bytes` per expert, or the H200 box's (profiles.costs), and a line
+    saying which. pinned: the experts live in pinned host memory (loaded without mmap), else pageable."""
+    slab_mb = slab_bytes / 1e6 or CostModel.slab_mb
+    kind = "pinned" if pinned else "pageable (mmap)"
+    cal = load()
+    if cal is None:
+        cost = CostModel.h200(slab_mb, pinned=pinned)
+        return cost, (f"default costs (H200 box, {kind} uploads at {cost.pcie_gbps} GB/s): "
+                      "run `moeslots doctor --calibrate MODEL` for this machine's")
+    cost = cal.cost_model(slab_mb, pinned=pinned)
+    return cost, f"costs calibrated on this machine {cal.date}, {kind} uploads at {cost.pcie_gbps:.1f} GB/s"
 
 
 def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> float:

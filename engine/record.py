@@ -1,5 +1,8 @@
-"""`moeslots record`: a routing trace recorded through the engine's native stats ring. Each prompt file is one chat
-turn: its prompt rows (negative pos) and n decode rows are appended."""
+"""Routing recorded from the engine's native stats ring: in a chat (Ctrl+R: Recorder, kept by the Engine), from prompt
+files (`moeslots record`: record()), and the what-if line the inspector shows (the simulator on the recent ring).
+
+`moeslots record`: each prompt file is one chat turn: its prompt rows (negative pos) and n decode rows are appended.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,54 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..profiles.simulate import simulate
 from ..profiles.trace import Trace, empty, from_ring, write_csv
-from .engine import Message, render_chat
+from . import stats as stats_mod
+from .api import Message
+from .cache import SlotPlan
 from .errors import EngineError
 from .model import Context, LoadOptions, Model
 from .mtp import sample
+from .stats import RoutingStats
+from .template import render_chat
+
+
+class Recorder:
+    """The rows of each turn since start (Ctrl+R in the app), written as a profile by stop()."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.tokens = 0                       # decode tokens recorded
+
+    def keep(self, before: RoutingStats, after: RoutingStats, k: int, n_decoded: int, end: int) -> None:
+        """The rows one turn wrote (stats.turn_rows: prompt rows of the new prompt part and decode rows)."""
+        rows = stats_mod.turn_rows(before, after, k, end)
+        if rows is not None:
+            self.rows.append(rows)
+            self.tokens += n_decoded
+
+    def trace(self, meta: dict[str, str], k: int) -> Trace:
+        rows = np.concatenate(self.rows) if self.rows else np.zeros((0, 2 + k), np.int32)
+        return from_ring(rows, meta)
+
+
+def whatif_line(st: RoutingStats, plan: SlotPlan, n_expert: int) -> str | None:
+    """The simulator (profiles.simulate) on the recent ring: the hit rate LRU and re-elect-16 would get with the same
+    slots, beside the static plan's measured one. None when there is too little to say (a Python loop over tokens:
+    the engine runs it after a reply, never on the UI thread)."""
+    if not plan.layers:
+        return None
+    ring = st.ring[st.ring[:, 0] >= 0][-256 * max(1, len(plan.layers)):]
+    if len(ring) < 8:
+        return None
+    slots = plan.slots_per_layer
+    try:
+        res = {r.policy: r.hit_rate for r in simulate(from_ring(ring, {"n_expert": str(n_expert)}),
+                                                      slots, ["lru", "reelect-16"])}
+    except ValueError:
+        return None
+    return (f"what-if @{slots}: static {100 * st.hit_rate:.0f} %  lru {100 * res['lru']:.0f} %  "
+            f"re-elect {100 * res['reelect-16']:.0f} %")
 
 
 @dataclasses.dataclass

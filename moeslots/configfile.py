@@ -27,7 +27,7 @@ def write_atomic(cfg: dict[str, Any], p: Path | None = None) -> Path:
     """Write the whole document to p (default: the config file) through a temporary file in the same folder."""
     import tomli_w
 
-    from moeslots import atomicfile
+    from . import atomicfile
 
     p = p or path()
     with atomicfile.replace(p, "wb") as fh:

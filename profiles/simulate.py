@@ -5,38 +5,23 @@ any static set can do), lru, lfu-decay (frequency with exponential decay, admiss
 weakest resident), reelect-K (every K tokens re-pick the top S of a recent window). All layers advance together as
 numpy arrays; only time is a Python loop.
 
-Cost model per decode token (sequential, no overlap): base (non-expert work) + picks served from VRAM x slab / GPU
-GB/s + picks computed in host memory x slab / CPU GB/s + slabs uploaded x slab / PCIe GB/s. Defaults: the H200 box
-(shared/h200-box.md): CPU 80 GB/s (16 threads), PCIe 55 GB/s pinned, GPU ~4000 GB/s, base 3.0 ms and a 3.06 MB
-slab (Qwen3-30B-A3B shape at Q4_K_M).
+Each result carries an estimated ms/token from the cost model of profiles/costs.py. Choosing a re-pick interval
+from these simulations (`--repick auto`) is profiles/repick.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from .costs import CostModel
 from .plan import plan_from_counts
 from .profile import from_trace
 from .trace import Trace, TraceError
 
 POLICIES = ("static-profile", "static-oracle", "lru", "lfu-decay", "reelect")
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-    slab_mb: float = 3.06
-    cpu_gbps: float = 80.0
-    pcie_gbps: float = 55.0
-    gpu_gbps: float = 4000.0
-    base_ms: float = 3.0
-
-    def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
-        mb = self.slab_mb
-        return (self.base_ms + gpu_picks * mb / self.gpu_gbps + cpu_picks * mb / self.cpu_gbps
-                + uploads * mb / self.pcie_gbps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +77,15 @@ def layer_counts(P: np.ndarray, layers: Sequence[int], n_expert: int) -> np.ndar
     return counts
 
 
-def _static(P: np.ndarray, resident: np.ndarray) -> tuple[float, float]:
+def static_hits(P: np.ndarray, resident: np.ndarray) -> tuple[float, float]:
+    """A fixed resident set [L, n_expert]: (hit rate, CPU picks per token)."""
     L = P.shape[1]
     hit = resident[np.arange(L)[None, :, None], P]
     return float(hit.mean()), float((~hit).sum() / P.shape[0])
 
 
-def _resident_from_plan(plan: dict[int, tuple[int, ...]], layers: list[int], n_expert: int) -> np.ndarray:
+def resident_from_plan(plan: dict[int, tuple[int, ...]], layers: list[int], n_expert: int) -> np.ndarray:
+    """A slot plan as a resident mask [len(layers), n_expert], row i = model layer layers[i]."""
     r = np.zeros((len(layers), n_expert), bool)
     for i, il in enumerate(layers):
         r[i, list(plan.get(il, ()))] = True
@@ -247,7 +234,7 @@ def run_schedule(P: np.ndarray, start: int, initial: np.ndarray, S: int, schedul
     return hits / ((T - start) * L * k), uploads / (T - start)
 
 
-def _reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
+def reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: np.ndarray,
              max_swaps: int | None = None, margin: float = 0.0, start: int = 0) -> tuple[float, float]:
     """Every K tokens, plan.elect on the last `window` tokens' counts (the engine's repick rule), over tokens
     start.. of P (the earlier ones are the first window's history). Returns (hit rate, uploads per token)."""
@@ -264,13 +251,13 @@ def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, tra
     T, L, k = P.shape
     train_counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
     oracle_counts = from_trace(test, max(layers) + 1, n_expert).counts
-    profile_res = _resident_from_plan(plan_from_counts(train_counts, slots, layers), layers, n_expert)
+    profile_res = resident_from_plan(plan_from_counts(train_counts, slots, layers), layers, n_expert)
     out = []
     for pol in policies:
         if pol in ("static-profile", "static-oracle"):
-            res = profile_res if pol == "static-profile" else _resident_from_plan(
+            res = profile_res if pol == "static-profile" else resident_from_plan(
                 plan_from_counts(oracle_counts, slots, layers), layers, n_expert)
-            hr, cpu = _static(P, res)
+            hr, cpu = static_hits(P, res)
             up = 0.0
         elif pol == "lru":
             hr, up = _lru(P, slots, n_expert)
@@ -279,7 +266,7 @@ def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, tra
             hr, up, cpu = _lfu_decay(P, slots, n_expert)
         elif pol.startswith("reelect"):
             kk = int(pol.split("-", 1)[1]) if "-" in pol else reelect_k
-            hr, up = _reelect(P, slots, n_expert, kk, max(reelect_window, kk), profile_res)
+            hr, up = reelect(P, slots, n_expert, kk, max(reelect_window, kk), profile_res)
             cpu = (1 - hr) * L * k
             pol = f"reelect-{kk}"
         else:
@@ -298,7 +285,7 @@ def distinct_per_batch(test: Trace, slots: int, *, train: Trace | None = None,
     n_expert = max(test.n_expert, int(P.max()) + 1)
     T, L, k = P.shape
     counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
-    res = _resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert) if slots else \
+    res = resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert) if slots else \
         np.zeros((L, n_expert), bool)
     out = {}
     for w in range(1, max_batch + 1):
@@ -310,111 +297,3 @@ def distinct_per_batch(test: Trace, slots: int, *, train: Trace | None = None,
         np.put_along_axis(hit, B, True, axis=2)
         out[w] = float((hit & ~res[None]).sum(axis=2).mean())
     return out
-
-
-REPICK_CHOICES = (0, 1, 16, 100, 500)
-
-
-@dataclasses.dataclass(frozen=True)
-class Picks:
-    """Decode picks already as a token matrix: P [tokens, len(layers), k], column j = model layer layers[j] (what
-    token_matrix makes of a trace). The choosers take one where a caller holds the matrix (the bench, scripts)."""
-    P: np.ndarray
-    layers: list[int]
-    n_expert: int
-
-
-def _picks(t: "Trace | Picks") -> Picks:
-    if isinstance(t, Picks):
-        return t
-    layers, P = token_matrix(t)
-    return Picks(P, layers, max(t.n_expert, int(P.max()) + 1))
-
-
-def choose_repick(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *, max_swaps: int = 4,
-                  margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
-                  holdout: float = 0.5, min_gain: float = 0.05) -> tuple[int, str]:
-    """The re-pick interval (0 = static) with the lowest estimated ms/token under this cost model, simulated with
-    the engine's rule (plan.elect, at most `max_swaps` per layer, `margin`). The static plan comes from the first
-    part of the trace and every policy is scored on the last `holdout` of it: in the app the plan comes from a
-    profile recorded earlier and the text decoded later drifts away from it, and scoring in-sample would hide that
-    drift (the static plan would be the best static set for the very tokens scored). Traces too short to split
-    (under 128 tokens per part) are scored in-sample. A re-pick interval is chosen only when it is estimated at
-    least `min_gain` faster than static: smaller gains are below what the cost model resolves (measured cells were
-    -10 to +29 % off its ms/token on the H200 box, docs/benchmarks.md) and re-picking moves bytes for them.
-    Deterministic for a given trace, slots and cost. Returns (N, one line saying why)."""
-    cost = cost or CostModel()
-    pk = _picks(trace)
-    P, layers, n_expert = pk.P, pk.layers, pk.n_expert
-    T = P.shape[0]
-    cut = int(round(T * (1 - holdout)))
-    split = 0 < holdout < 1 and min(cut, T - cut) >= 128
-    train, P = (P[:cut], P[cut:]) if split else (P, P)
-    initial = _resident_from_plan(plan_from_counts(layer_counts(train, layers, n_expert), slots, layers), layers,
-                                  n_expert)
-    scored = (f"plan from the profile's first {cut} tokens, scored on its last {T - cut}" if split
-              else f"profile of {T} tokens scored in-sample")
-    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain, scored)
-
-
-def choose_repick_from(trace: "Trace | Picks", plan: Mapping[int, Sequence[int]], cost: CostModel | None = None, *,
-                       last: int | None = None, current: int = 0, whole: bool = False, max_swaps: int = 4,
-                       margin: float = 0.25, choices: Sequence[int] = REPICK_CHOICES,
-                       min_gain: float = 0.05) -> tuple[int, str]:
-    """choose_repick for a session in progress (`--repick auto` re-decides as the chat goes on): static is the
-    resident `plan` the app held when the last `last` decode tokens of `trace` began; every interval starts from it
-    and is scored on those tokens. They came after the plan was fixed, so the score is out of sample, and it sees
-    this session's drift, which a profile recorded earlier cannot. Intervals longer than half the scored tokens are
-    left out (they would fire at most once: static again, judged on too little). Hysteresis: starting to re-pick
-    needs an estimated `min_gain`; while re-picking (`current` > 0) any estimated gain keeps it on. Stopping
-    freezes a set elected from the last 64 tokens, which is a worse static set than a profile's: over the bundled
-    chat trace at 64 slots, leaving re-pick 16 for gains under 5 % left live auto behind plain static
-    (scripts/live_auto_sim.py). whole=True: the trace must hold all `last` tokens, else ValueError (with fewer,
-    the scored tokens would not begin where `plan` was held: a long prompt can push decode rows out of the ring)."""
-    cost = cost or CostModel()
-    pk = _picks(trace)
-    P, layers = pk.P, pk.layers
-    if whole and last is not None and P.shape[0] < last:
-        raise TraceError(f"the routing ring holds {P.shape[0]} of the last {last} decode tokens")
-    start = max(0, P.shape[0] - last) if last is not None else 0      # earlier tokens: the first window's history
-    n_expert = max([pk.n_expert] + [max(v, default=-1) + 1 for v in plan.values()])
-    T = P.shape[0] - start
-    slots = max((len(v) for v in plan.values()), default=0)
-    initial = _resident_from_plan({il: tuple(v) for il, v in plan.items()}, layers, n_expert)
-    choices = [n for n in choices if n == 0 or n <= T // 2]
-    return _verdict(P, initial, slots, n_expert, cost, choices, max_swaps, margin, min_gain if current == 0 else 0.0,
-                    f"this session's last {T} tokens, from the plan they began with", start=start, current=current)
-
-
-def _verdict(P: np.ndarray, initial: np.ndarray, slots: int, n_expert: int, cost: CostModel,
-             choices: Sequence[int], max_swaps: int, margin: float, min_gain: float,
-             scored: str, start: int = 0, current: int = 0) -> tuple[int, str]:
-    """Score static and every re-pick interval on P[start:] from the resident set `initial`, then decide
-    (choose_repick). While re-picking every `current` tokens, a `current` that ties static is kept: re-picking
-    that swapped nothing cost nothing, and it still follows the drift to come."""
-    T, L, k = P.shape
-    results = []
-    for n in sorted(set(choices) | {0}):
-        if n == 0:
-            hr, up = _static(P[start:], initial)[0], 0.0
-        else:
-            hr, up = _reelect(P, slots, n_expert, n, 64, initial, max_swaps=max_swaps, margin=margin, start=start)
-        cpu = (1 - hr) * L * k
-        results.append((cost.ms_per_token(L * k - cpu, cpu, up), n, hr, up))
-    static = results[0]
-    best = min((r for r in results if r[1] != 0), key=lambda r: (r[0], r[1]), default=static)
-    ms, n, hr, up = best
-    gain = 1 - ms / static[0] if static[0] > 0 else 0.0
-    tie = next((r for r in results if r[1] == current), None) if current else None
-    if tie is not None and gain <= 0 and tie[0] <= static[0]:
-        return current, (f"re-pick every {current} tokens kept: it ties static on these tokens ({100 * tie[2]:.0f} "
-                         f"% hits, est. {tie[0]:.2f} ms/token) ({scored})")
-    if n == 0 or gain <= 0 or gain < min_gain:              # a tie is static: nothing to upload for
-        extra = (f"the best re-pick (every {n}) would save {100 * gain:.1f} %, under {100 * min_gain:.0f} %"
-                 if n and gain > 0 else f"re-picking would not pay back its uploads at {cost.pcie_gbps:.1f} GB/s "
-                 f"PCIe vs {cost.cpu_gbps:.1f} GB/s CPU")
-        return 0, (f"static: {100 * static[2]:.0f} % hits at {slots} slots, est. {static[0]:.2f} ms/token; {extra} "
-                   f"({scored})")
-    return n, (f"re-pick every {n} tokens: {100 * hr:.0f} % hits (static {100 * static[2]:.0f} %), "
-               f"{up * cost.slab_mb:.2f} MB uploaded/token, est. {ms:.2f} vs {static[0]:.2f} ms/token static, "
-               f"{100 * gain:.0f} % faster ({scored})")

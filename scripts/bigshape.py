@@ -12,7 +12,7 @@ import numpy as np
 
 from moeslots.engine import bundled, replay
 from moeslots.engine.calibrate import Calibration
-from moeslots.profiles.simulate import CostModel
+from moeslots.profiles.costs import CostModel
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:

@@ -15,8 +15,8 @@ import argparse
 import numpy as np
 
 from moeslots.profiles.plan import plan_from_counts
-from moeslots.profiles.simulate import (REPICK_CHOICES, Picks, Residency, _resident_from_plan, choose_repick,
-                                        choose_repick_from, layer_counts, run_schedule)
+from moeslots.profiles.repick import REPICK_CHOICES, Picks, choose_repick, choose_repick_from
+from moeslots.profiles.simulate import Residency, layer_counts, resident_from_plan, run_schedule
 
 import bigshape                 # scripts/bigshape.py: the shape, costs and routing both scripts use
 
@@ -43,7 +43,7 @@ def main() -> None:
             routing = f"{routing} (profile: {other})"
         T = P.shape[0]
         for S in (int(x) for x in a.slots.split(",")):
-            init = _resident_from_plan(plan_from_counts(layer_counts(P[:p0], moe, E), S, moe), moe, E)
+            init = resident_from_plan(plan_from_counts(layer_counts(P[:p0], moe, E), S, moe), moe, E)
             n_load, _ = choose_repick(Picks(P[:p0], moe, E), S, cost)
             # live: decide again after every `every` tokens, from the plan held when they began (as the engine)
             sched, r, n = [(p0, n_load)], Residency(init, S, 64, 4, 0.25), n_load

@@ -257,7 +257,9 @@ from pathlib import Path
 import numpy as np
 
 from moeslots.profiles import profile as prof
+from moeslots.profiles import repick as choose
 from moeslots.profiles import simulate as sim
+from moeslots.profiles.costs import CostModel
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.trace import read_csv
 
@@ -300,10 +302,10 @@ for k in ("test-code", "test-chat"):
     Q = P[rng.permutation(P.shape[0])]
     n_e = tr[k].n_expert
     for S in (S1, S2):
-        init = sim._resident_from_plan(plan_from_counts(pr[k].counts, S, layers), layers, n_e)
+        init = sim.resident_from_plan(plan_from_counts(pr[k].counts, S, layers), layers, n_e)
         lru, lru_s = sim._lru(P, S, n_e)[0], sim._lru(Q, S, n_e)[0]
-        re, re_s = sim._reelect(P, S, n_e, 16, 64, init)[0], sim._reelect(Q, S, n_e, 16, 64, init)[0]
-        orc = sim._static(P, init)[0]
+        re, re_s = sim.reelect(P, S, n_e, 16, 64, init)[0], sim.reelect(Q, S, n_e, 16, 64, init)[0]
+        orc = sim.static_hits(P, init)[0]
         print(f"| {k} | {S} | {100*lru:.1f} | {100*lru_s:.1f} | {100*re:.1f} | {100*re_s:.1f} | {100*orc:.1f} |")
 print("\nsampling noise: top-S overlap of the first vs the second half (decode tokens) of each trace, mean over layers")
 print("| trace | " + " | ".join(f"top-{S}" for S in (S1, S2)) + " |")
@@ -321,11 +323,11 @@ from moeslots.engine.model import LoadOptions, Model
 m = Model(model, LoadOptions(experts_on_host=True))
 own_slab = m.facts.slab_bytes / 1e6
 m.close()
-print("\n`--repick auto` (simulate.choose_repick: engine rule, 4 swaps, 25 % margin) on train-merged, H200 costs with the"
+print("\n`--repick auto` (profiles.repick.choose_repick: engine rule, 4 swaps, 25 % margin) on train-merged, H200 costs with the"
       " default slab and with this model's:")
 for S in (S1, S2):
-    for slab in (sim.CostModel.slab_mb, own_slab):
-        n, why = sim.choose_repick(tr["train-merged"], S, sim.CostModel(slab_mb=slab))
+    for slab in (CostModel.slab_mb, own_slab):
+        n, why = choose.choose_repick(tr["train-merged"], S, CostModel(slab_mb=slab))
         print(f"  {S} slots, slab {slab:g} MB: N={n}: {why}")
 EOF
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from moeslots.profiles.plan import plan_from_counts
-from moeslots.profiles.simulate import Residency, _resident_from_plan, _static, layer_counts
+from moeslots.profiles.simulate import Residency, layer_counts, resident_from_plan, static_hits
 
 import bigshape                 # scripts/bigshape.py: the shape, costs and routing both scripts use
 
@@ -33,14 +33,14 @@ def main() -> None:
         prof, P = rows[:a.profile_rows], rows[a.profile_rows:]
         counts = layer_counts(prof, moe, E)
         for s in (int(x) for x in a.slots.split(",")):
-            init = _resident_from_plan(plan_from_counts(counts, s, moe), moe, E)
+            init = resident_from_plan(plan_from_counts(counts, s, moe), moe, E)
             cells = []
             for every in (int(x) for x in a.every.split(",")):
                 if every:
                     hits, ups = Residency(init, s, a.window, 4, 0.25, a.decay).advance(P, 0, len(P), every)
                     hr, up = hits / P.size, ups / len(P)
                 else:
-                    hr, up = _static(P, init)[0], 0.0
+                    hr, up = static_hits(P, init)[0], 0.0
                 cells.append(bigshape.cell(hr, up, moe, a.k, cost)[0])
             print(f"| {routing} ({len(P)} tok) | {s} | " + " | ".join(cells) + " |")
 

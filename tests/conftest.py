@@ -1,14 +1,23 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from moeslots.engine import synth
 
-# keep user dirs out of the tests
-os.environ.setdefault("MOESLOTS_TEST", "1")
+# The tests never read or write the developer's own config.toml, calibration, chat history or saved profiles: the
+# XDG config and data homes are empty folders of this run (set here, before any test, so the app and CLI
+# subprocesses the tests start inherit them too). A test that needs a config writes one there or in its own
+# tmp_path (monkeypatch.setenv). The engine's build cache (XDG_CACHE_HOME) stays shared: `make test` built it.
+_HOMES = Path(tempfile.mkdtemp(prefix="moeslots-tests-"))
+os.environ["XDG_CONFIG_HOME"] = str(_HOMES / "config")
+os.environ["XDG_DATA_HOME"] = str(_HOMES / "data")
+atexit.register(shutil.rmtree, _HOMES, ignore_errors=True)
 
 from specs import TINY_DS2, TINY_GLM, TINY_Q35, TINY_QWEN  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 

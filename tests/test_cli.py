@@ -125,6 +125,17 @@ def test_a_missing_bundled_model_is_one_clear_line(monkeypatch: pytest.MonkeyPat
 
 
 def test_bench_repick_intervals_are_checked(tiny_glm: Path) -> None:
-    """`bench --repick` takes intervals >= 0 or auto: -1 (the bench's internal code for auto) is refused too."""
+    """`bench repick --every` takes intervals >= 0 or auto: -1 (the bench's internal code for auto) is refused too."""
     for bad in ("0,-1", "0,x", "16,-5"):
-        _one_line_error(run("bench", str(tiny_glm), "--repick", bad, "--slots", "4"), "--repick takes", bad)
+        _one_line_error(run("bench", "repick", str(tiny_glm), "--every", bad, "--slots", "4"), "--every takes", bad)
+
+
+def test_each_bench_takes_only_its_own_flags(tiny_glm: Path) -> None:
+    """`bench` picked its mode by which flags were present (--mtp silently won over --repick): each benchmark is a
+    subcommand now, and another's flag is refused."""
+    for cmd in (["decode", "--every", "16"], ["mtp", "--every", "16"], ["repick", "--every", "16", "--drafts", "1"],
+                ["compare", "--no-stats"], ["decode", "--prompts", "2"]):
+        r = run("bench", cmd[0], str(tiny_glm), *cmd[1:])
+        assert r.returncode == 2 and "unrecognized arguments" in r.stderr, (cmd, r.stderr)
+    r = run("bench", str(tiny_glm), "--slots", "4")
+    assert r.returncode == 2 and "invalid choice" in r.stderr and "decode" in r.stderr

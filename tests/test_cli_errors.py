@@ -71,7 +71,8 @@ def test_a_full_disk_while_saving_keeps_the_old_file(tmp_path: Path) -> None:
     ["profile", "show", "P", "--slots", "-4"],
     ["simulate", "P", "--slots", "-4"],
     ["profile", "merge", "P", "P", "-o", "OUT", "--slots", "-4"],
-    ["bench", "MODEL", "--slots", "0,-4", "-n", "4"],
+    ["bench", "decode", "MODEL", "--slots", "0,-4", "-n", "4"],
+    ["bench", "repick", "MODEL", "--every", "0", "--slots", "0,-4"],
 ])
 def test_negative_slots_are_refused(tmp_path: Path, tiny_glm: Path, cmd: list[str]) -> None:
     p = tmp_path / "p.csv"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from moeslots import cli, launch
+from moeslots import cli
+from moeslots.cli import chat, launch
 from moeslots.tui import config
 
 
@@ -89,7 +90,7 @@ def _capture_app(monkeypatch: pytest.MonkeyPatch) -> list:
         eng.close()
         return 0
 
-    monkeypatch.setattr(cli, "_run_app", fake_run_app)
+    monkeypatch.setattr(chat, "run_app", fake_run_app)
     return seen
 
 

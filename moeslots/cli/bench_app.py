@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .common import UserError
+
 
 def add_parser(sub: Any) -> None:
-    """`bench app` is parsed as its own command (`moeslots bench app ...` is rewritten to `bench-app ...`)."""
-    p = sub.add_parser("bench-app", prog="moeslots bench app",
+    """`moeslots bench app`, a subcommand of `bench` (moeslots.cli.bench)."""
+    p = sub.add_parser("app", help="the real app driven headless beside the same engine alone",
                        description="the real app, driven headless, beside the same engine alone: decode tok/s "
                        "of both and their ratio")
     p.add_argument("model")
@@ -35,16 +37,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_bench_app)
 
 
-def rewrite_argv(argv: list[str]) -> list[str]:
-    return ["bench-app", *argv[2:]] if argv[:2] == ["bench", "app"] else argv
-
-
 def cmd_bench_app(a: argparse.Namespace) -> int:
-    from moeslots.cli import UserError
-    from moeslots.engine import bundled, native
-    from moeslots.engine.engine import Engine, EngineConfig
-    from moeslots.engine.threads import app_threads
-    from moeslots.tui import appbench
+    from ..engine import bundled, native
+    from ..engine.engine import Engine, EngineConfig
+    from ..engine.threads import app_threads
+    from ..tui import appbench
 
     model = Path(a.model)
     if not model.is_file():

@@ -59,7 +59,7 @@ def start_model(app: Mapping[str, Any]) -> tuple[Path | None, str]:
 
 def remember(model: Path) -> str | None:
     """[app] last_model = the model's absolute path; an error line when the config cannot be written."""
-    from moeslots.tui import config
+    from ..tui import config
 
     try:
         config.save_app({"last_model": str(Path(model).expanduser().absolute())})

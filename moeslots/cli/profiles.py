@@ -1,5 +1,5 @@
-"""The profile commands of the command line: `moeslots record`, `profile merge`, `profile show`, `simulate` (split
-out of moeslots.cli; the same rules: every user error is one line, exit code 2, via cli.UserError)."""
+"""The profile commands: `moeslots record`, `profile merge`, `profile show`, `simulate` (every user error is one line,
+exit code 2, via UserError)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,19 @@ import argparse
 import signal
 from pathlib import Path
 
-from moeslots.cli import UserError
+from ..profiles import profile as prof
+from ..profiles import simulate as sim
+from ..profiles.costs import CostModel
+from ..profiles.trace import TraceError, check_compatible, merge, read_csv, write_csv
+from . import interrupts
+from .common import UserError
 
 
 def cmd_record(a: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from moeslots import interrupts
-    from moeslots.engine import native
-    from moeslots.engine import record as rec
+    from ..engine import native
+    from ..engine import record as rec
 
     native.require_patched()
     console = Console(stderr=True)
@@ -40,8 +44,6 @@ def cmd_record(a: argparse.Namespace) -> int:
 
 
 def _read_trace(path: str):  # noqa: ANN202
-    from moeslots.profiles.trace import TraceError, read_csv
-
     try:
         return read_csv(Path(path))
     except TraceError as e:
@@ -49,8 +51,6 @@ def _read_trace(path: str):  # noqa: ANN202
 
 
 def _check_same_model(a, b, name_a: str, name_b: str) -> None:  # noqa: ANN001
-    from moeslots.profiles.trace import TraceError, check_compatible
-
     try:
         check_compatible(a, b, name_a, name_b)
     except TraceError as e:
@@ -69,9 +69,6 @@ def _slots_for(slots: int | None, n_expert: int, what: str) -> int:
 
 
 def cmd_profile_merge(a: argparse.Namespace) -> int:
-    from moeslots.profiles import profile as prof
-    from moeslots.profiles.trace import TraceError, merge, write_csv
-
     traces = [_read_trace(p) for p in a.inputs]
     try:
         merged = merge(traces, list(a.inputs))
@@ -92,8 +89,6 @@ def cmd_profile_merge(a: argparse.Namespace) -> int:
 
 
 def cmd_profile_show(a: argparse.Namespace) -> int:
-    from moeslots.profiles import profile as prof
-
     t = _read_trace(a.profile)
     other = _read_trace(a.against) if a.against else None
     if other is not None:
@@ -123,15 +118,12 @@ def cmd_profile_show(a: argparse.Namespace) -> int:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from moeslots.profiles import simulate as sim
-    from moeslots.profiles.trace import TraceError
-
     test = _read_trace(a.trace)
     train = _read_trace(a.train) if a.train else None
     if train is not None:
         _check_same_model(train, test, a.train, a.trace)
     _slots_for(a.slots, max(test.n_expert, train.n_expert if train else 0), a.trace)
-    cost = sim.CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
+    cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
                          base_ms=a.base_ms)
     if a.union:
         try:
@@ -159,3 +151,47 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         print(f"| {r.policy} | {100 * r.hit_rate:.1f} | {r.mb_per_token(cost):.1f} | {r.cpu_picks_per_token:.1f} | "
               f"{r.ms_per_token:.2f} | {1000 / r.ms_per_token:.1f} |")
     return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("record", help="record a routing trace (profile) while the model answers prompt files")
+    r.add_argument("model")
+    r.add_argument("--prompt-file", action="append", required=True, help="a prompt (one chat turn); repeatable")
+    r.add_argument("-n", "--n-predict", type=int, default=500, help="decode tokens per prompt")
+    r.add_argument("-o", "--output", required=True)
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_record)
+
+    pr = sub.add_parser("profile", help="merge or inspect profiles")
+    prs = pr.add_subparsers(dest="profile_cmd", metavar="ACTION", required=True)
+    pm = prs.add_parser("merge", help="concatenate traces of one model; prints the overlap of their top sets")
+    pm.add_argument("inputs", nargs="+")
+    pm.add_argument("-o", "--output", required=True)
+    pm.add_argument("--slots", type=int, default=None, help="slots for the overlap (default: a quarter of experts)")
+    pm.set_defaults(func=cmd_profile_merge)
+    ps = prs.add_parser("show", help="skew, coverage at S slots, heatmap")
+    ps.add_argument("profile")
+    ps.add_argument("--slots", type=int, default=None)
+    ps.add_argument("--against", help="another profile: overlap of the top sets")
+    ps.add_argument("--width", type=int, default=64)
+    ps.set_defaults(func=cmd_profile_show)
+
+    si = sub.add_parser("simulate", help="replay a trace through residency policies (what-if)")
+    si.add_argument("trace")
+    si.add_argument("--slots", type=int, required=True)
+    si.add_argument("--policy", action="append", help="static-profile, static-oracle, lru, lfu-decay, reelect-K")
+    si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
+    si.add_argument("--reelect-k", type=int, default=16)
+    si.add_argument("--reelect-window", type=int, default=64)
+    h200 = CostModel()               # the defaults every estimate uses without a calibration (profiles/costs.py)
+    si.add_argument("--slab-mb", type=float, default=h200.slab_mb, help="bytes of one expert (gate+up+down), MB")
+    si.add_argument("--cpu-gbps", type=float, default=h200.cpu_gbps)
+    si.add_argument("--pcie-gbps", type=float, default=h200.pcie_gbps,
+                    help="uploads (default: the H200 box's from pinned memory; pageable: 5.3)")
+    si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
+    si.add_argument("--base-ms", type=float, default=h200.base_ms, help="non-expert time per token")
+    si.add_argument("--union", type=int, metavar="W", help="instead: distinct experts on the CPU per layer for "
+                    "batches of 1..W tokens (what an MTP verify batch reads)")
+    si.set_defaults(func=cmd_simulate)

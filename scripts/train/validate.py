@@ -137,7 +137,8 @@ def check_quant(f32: Path, q: Path, seqs: list[list[int]], threads: int) -> dict
 
 
 def samples(q: Path, threads: int, n: int = 96) -> dict:
-    from moeslots.engine.engine import Message, render_chat
+    from moeslots.engine.api import Message
+    from moeslots.engine.template import render_chat
 
     m = Model(q, LoadOptions())
     out = {}

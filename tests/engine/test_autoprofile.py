@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from moeslots.engine import autoprofile, bundled
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message, plan_from_profile
+from moeslots.engine.engine import Done, Engine, EngineConfig, Message
+from moeslots.engine.slots import plan_from_profile
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.trace import read_csv
 

@@ -11,7 +11,7 @@ import pytest
 
 from moeslots.engine import bundled, calibrate
 from moeslots.engine.engine import Engine, EngineConfig
-from moeslots.profiles.simulate import choose_repick
+from moeslots.profiles.repick import choose_repick
 from moeslots.profiles.trace import read_csv
 
 

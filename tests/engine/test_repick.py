@@ -13,7 +13,7 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.profiles.plan import elect
-from moeslots.profiles.simulate import CostModel
+from moeslots.profiles.costs import CostModel
 from test_cache import decode_steps
 
 
@@ -297,8 +297,7 @@ def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, prof: Path, monkeypatc
     """Live auto never ends a reply or overrides the user: a ring too short for the tokens to score, a cost model
     that raises (a calibration edited mid-chat), or F3 pressed while it decides."""
     from moeslots.engine.engine import Done
-    from moeslots.profiles import simulate
-
+    from moeslots.profiles import repick
 
     def engine(**kw: object) -> Engine:
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=2, profile=prof, mtp=False,
@@ -326,14 +325,14 @@ def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, prof: Path, monkeypatc
         assert reply(e).stats.tokens == 40                                # the reply ends normally
         assert "kept (unsupported operand" in e.snapshot().repick_auto
         monkeypatch.setattr(e, "cost_model", lambda: (CHEAP, "test costs"))
-        real = simulate.choose_repick_from
+        real = repick.choose_repick_from
 
         def f3_meanwhile(*a: object, **k: object) -> tuple[int, str]:
             out = real(*a, **k)
             e.set_repick(0)                                               # F3 on the app's thread, mid-decision
             return out
 
-        monkeypatch.setattr(simulate, "choose_repick_from", f3_meanwhile)
+        monkeypatch.setattr(repick, "choose_repick_from", f3_meanwhile)
         reply(e)
         snap = e.snapshot()
         assert snap.repick_every == 0 and snap.repick_auto == ""          # the user's choice stands

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from moeslots.profiles import plan as plan_mod
 from moeslots.profiles import profile as prof
-from moeslots.profiles.simulate import CostModel, simulate, token_matrix
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.simulate import simulate, token_matrix
 from moeslots.profiles.trace import Trace, TraceError, from_rows, merge, read_csv, write_csv
 
 
@@ -158,7 +159,7 @@ def test_simulation_is_fast_enough() -> None:
 
 
 def test_choose_repick_is_deterministic_and_follows_the_costs() -> None:
-    from moeslots.profiles.simulate import choose_repick
+    from moeslots.profiles.repick import choose_repick
 
     meta = {"n_expert": "16", "n_layer": "1"}
     phases = _trace([[0, 1]] * 200 + [[8, 9]] * 200 + [[4, 5]] * 200, meta=meta)
@@ -174,7 +175,7 @@ def test_choose_repick_is_deterministic_and_follows_the_costs() -> None:
 def test_choose_repick_scores_the_plan_on_later_tokens() -> None:
     """The plan comes from the profile's first half and is scored on its second (the app decodes text recorded
     after its profile): a hot set that moves half-way is a drift in-sample scoring cannot see."""
-    from moeslots.profiles.simulate import choose_repick
+    from moeslots.profiles.repick import choose_repick
 
     meta = {"n_expert": "16", "n_layer": "1"}
     drift = _trace([[0, 1]] * 300 + [[2, 3]] * 300, meta=meta)
@@ -189,7 +190,7 @@ def test_choose_repick_scores_the_plan_on_later_tokens() -> None:
 
 def test_choose_repick_needs_a_gain_the_cost_model_can_resolve() -> None:
     """A re-pick that the model says saves 1 % is noise on real hardware: static, and the line says so."""
-    from moeslots.profiles.simulate import choose_repick
+    from moeslots.profiles.repick import choose_repick
 
     meta = {"n_expert": "16", "n_layer": "1"}
     drift = _trace([[0, 1]] * 300 + [[2, 3]] * 300, meta=meta)
@@ -251,7 +252,7 @@ def test_elect_matches_the_rule_spelled_out_on_random_scores_with_ties() -> None
 def test_choose_repick_from_scores_the_session_from_the_plan_it_held() -> None:
     """Live `--repick auto`: static is the plan the app held when the scored tokens began (not a plan made from
     them), every interval starts from it, and only the last `last` tokens count."""
-    from moeslots.profiles.simulate import choose_repick_from
+    from moeslots.profiles.repick import choose_repick_from
 
     meta = {"n_expert": "16", "n_layer": "1"}
     bus = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=0.0)
@@ -273,7 +274,7 @@ def test_choose_repick_from_scores_the_session_from_the_plan_it_held() -> None:
 def test_choose_repick_from_keeps_re_picking_for_a_small_gain() -> None:
     """Hysteresis: starting needs the 5 % bar, stopping needs static to be estimated faster (stopping freezes a
     set elected from the last 64 tokens, a worse static set than a profile's)."""
-    from moeslots.profiles.simulate import choose_repick_from
+    from moeslots.profiles.repick import choose_repick_from
 
     meta = {"n_expert": "16", "n_layer": "1"}
     session = _trace([[0, 1]] * 300 + [[2, 3]] * 256, meta=meta)
@@ -288,7 +289,7 @@ def test_choose_repick_from_keeps_re_picking_for_a_small_gain() -> None:
 def test_choose_repick_from_keeps_an_interval_that_ties_static() -> None:
     """Re-picking that swaps nothing costs nothing: while on, a tie keeps it (it still follows drift to come);
     while off, a tie stays static."""
-    from moeslots.profiles.simulate import choose_repick_from
+    from moeslots.profiles.repick import choose_repick_from
 
     meta = {"n_expert": "16", "n_layer": "1"}
     steady = _trace([[2, 3]] * 400, meta=meta)

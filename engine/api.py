@@ -1,0 +1,153 @@
+"""What the app sees of the engine (design §4): the configuration, the chat events, the snapshot, and the `Engine`
+protocol that engine.engine.Engine implements and the app (tui/) types against — tests drive the app with fakes
+of it (tests/fakes.py).
+
+    eng = engine.Engine(EngineConfig(model=path, slots=64 | "auto" | 0, profile=path | None))
+    for ev in eng.chat(messages, cancel=event):   # a worker thread; TextDelta..., then Done(stats, text)
+        ...
+    eng.snapshot() -> Snapshot                    # immutable, cheap, from any thread
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, Union
+
+from .cache import SlotPlan
+
+if TYPE_CHECKING:
+    from ..profiles.trace import Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    model: Path
+    n_ctx: int = 4096
+    slots: Union[int, str, SlotPlan, None] = 0      # n per layer or "auto" (both need a profile), a plan, 0/None
+    profile: Path | None = None
+    mtp: bool = True                                # MTP drafts when the model has a NextN block
+    mtp_draft: int = 1                              # draft length
+    mtp_auto: bool = True                           # drafting off while acceptance < measured break-even (mtp_auto)
+    mtp_head_on_gpu: bool = True                    # the NextN block's experts on the GPU (else host, no slots):
+                                                    # the fastest placement on the H200 box (docs/benchmarks.md)
+    threads: int | None = None
+    pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
+    mmap: Union[bool, str] = "auto"                 # experts mmap'ed (pageable); False: read into pinned host
+                                                    # memory — prompts ~5x faster on the H200 box, RAM held;
+                                                    # "auto": pinned when free RAM holds them (engine.hardware)
+    auto_profile: bool = False                      # no profile given: plan from the first prompt, record and
+                                                    # save one per model, use it next time (engine.autoprofile)
+    async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0008; process-wide;
+                                                    # off by default: no gain on the H200 box, docs/benchmarks.md)
+    stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
+    repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
+    repick_swaps: int = 4                           # at most M swaps per layer per re-pick
+    repick_window: int = 64                         # decode tokens whose routing elects the residents
+    repick_margin: float = 0.25                     # a candidate must beat the incumbent by this much (hysteresis)
+    repick_overlap: bool = True                     # re-pick copies on a worker thread while decoding (patch 0011:
+                                                    # one spare pack entry per layer when re-picking at load)
+    repick_auto_every: int = 0                      # after set_repick_auto: decide again every N decode tokens from
+                                                    # this session's routing (0: the load-time decision stands)
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    prompt_seconds: float
+    tokens: int
+    seconds: float
+    cancelled: bool
+    hit_rate: float
+    reread: bool = False                  # the prompt was read again from the start (recurrent memory: no cut-back)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    stats: TurnStats
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSnapshot:
+    layer: int
+    slot_experts: tuple[int, ...]         # slot -> expert id
+    slot_hits_recent: tuple[int, ...]     # per slot, picks in the recent ring window
+    slot_hits_total: tuple[int, ...]      # per slot, decode picks since the stats reset
+    gpu_share: float                      # hits / decode picks of this layer
+    recent_miss_share: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    model_name: str
+    load_line: str
+    layers: tuple[LayerSnapshot, ...]
+    gpu_share: float                      # share of decode expert picks served from slots
+    cpu_experts_per_token: float          # expert evaluations per decode token computed in host memory
+    upload_mb_per_token: float            # weight MB crossing to the GPU per decode token (0 for a static cache)
+    tok_s_last: float
+    tok_s_rolling: tuple[float, ...]      # recent turns' tok/s, oldest first
+    prompt_tok_s: float
+    mtp_drafted: int
+    mtp_accepted: int
+    pack_bytes: int
+    recording: bool
+    generating: bool
+    whatif: str = ""                      # hit % the same slots would get with LRU / re-elect on the recent window
+    repicks: int = 0                      # adaptive residency: re-picks done, slabs swapped, MB moved in all
+    repick_swaps: int = 0
+    repick_mb: float = 0.0
+    repick_every: int = 0                 # the interval in force (0: static)
+    repick_auto: str = ""                 # `--repick auto`: its last decision and why ("" when not on auto)
+    reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
+    mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
+
+
+class Engine(Protocol):
+    """The engine as the app uses it. Every call but snapshot() runs on a worker thread of the app."""
+
+    load_line: str                        # "expert cache: L layers x S slots, X MiB uploaded to DEV"
+    notices: list[str]                    # lines for the user, in order; the app shows each new one once
+
+    @property
+    def profile(self) -> Path | None: ...             # the profile the slots are planned from (None: none)
+
+    @property
+    def recorded_tokens(self) -> int: ...             # decode tokens recorded since start_recording()
+
+    def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None
+             ) -> Iterator[Union[TextDelta, Done]]: ...
+    def snapshot(self) -> Snapshot: ...
+    def new_chat(self) -> None: ...
+    def set_slots(self, plan_or_n: Union[int, str, SlotPlan, None]) -> str: ...   # returns the new load line
+    def slots_info(self) -> str: ...                                              # one line for the slots dialog
+    def set_repick(self, every: int) -> str: ...                                  # 0: static; returns a line
+    def start_recording(self) -> None: ...
+    def stop_recording(self, path: Path) -> "Trace": ...
+    def profile_overlap(self, path: Path) -> float | None: ...
+    def use_profile(self, path: Path) -> None: ...
+    def close(self) -> None: ...

@@ -1,0 +1,183 @@
+"""Adaptive residency for one Engine: re-picks (`--repick N`, F3) and `--repick auto` (at load from the profile, then
+live from the chat's own routing).
+
+Every N decode tokens the residents of each layer are elected from the recent window's picks (profiles.plan.elect,
+the simulator's rule) and only the swapped slabs are copied — synchronously between two tokens, or on a worker
+thread while decoding goes on (engine.cache.Stager, a spare pack entry per layer). `--repick auto` chooses N with
+the simulator (profiles.repick) under this machine's costs (Engine.cost_model), and with repick_auto_every > 0
+decides again after every that many decode tokens. The Engine owns the plan and its lock; this object owns the
+counters, the auto decisions and the overlapped copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..profiles import repick as chooser
+from ..profiles.costs import CostModel
+from ..profiles.trace import TraceError, from_ring, read_csv
+from . import cache as cache_mod
+from .cache import SlotPlan
+from .errors import EngineError
+from .stats import RoutingStats
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens of the chat: the intervals it can
+                   # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
+                   # (every 64 flapped, every 512 reacted late in simulation: docs/lab/2026-12-03-live-repick-auto.md)
+
+
+class Residency:
+    def __init__(self, eng: "Engine") -> None:
+        self.eng = eng
+        self.since = 0                                    # decode tokens since the last re-pick
+        self.repicks = self.swaps = self.bytes = 0        # re-picks done, slabs swapped, bytes moved in all
+        self.auto_line = ""                               # --repick auto: the last decision, for the snapshot
+        self.auto_mark: tuple[int, SlotPlan] | None = None  # live auto: (decode tokens, plan) when last decided
+        self.spare = False                                # the packs have a spare entry (overlapped re-picks)
+        self.stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
+
+    def plan_applied(self, plan: SlotPlan, spare: bool) -> None:
+        """A new plan is in (Engine._apply_plan, under the engine's lock): live auto scores from it on."""
+        self.spare = spare
+        if self.auto_mark is not None:
+            self.auto_mark = (self.eng._decode_tokens, plan)
+
+    def set_repick(self, every: int, swaps: int | None = None, *, auto: bool = False) -> str:
+        """Turn adaptive residency on (re-pick every `every` decode tokens) or off (0); effective from the next
+        token. A choice made here (auto=False) ends `--repick auto`'s live decisions. Returns a line for the user."""
+        eng = self.eng
+        if every < 0:
+            raise EngineError("re-pick interval must be >= 0")
+        with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
+            eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
+                                          repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
+            self.since = 0
+            was_auto = bool(self.auto_line)
+            if not auto:
+                self.auto_mark, self.auto_line = None, ""
+        return ((f"re-pick every {every} tokens, at most {eng.cfg.repick_swaps} swaps per layer" if every
+                 else "static residency (no re-picks)") + (" (re-pick auto off)" if was_auto and not auto else ""))
+
+    def set_auto(self, cost: CostModel | None = None) -> str:
+        """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
+        model (default: this machine's, Engine.cost_model); returns the one-line reason."""
+        eng = self.eng
+        if eng.cfg.profile is None or not eng._plan.layers:
+            raise EngineError("--repick auto needs a profile and slots")
+        slots = eng._plan.slots_per_layer
+        source = "given costs"
+        if cost is None:
+            cost, source = eng.cost_model()
+        try:
+            n, why = chooser.choose_repick(read_csv(Path(eng.cfg.profile)), slots, cost,
+                                           max_swaps=eng.cfg.repick_swaps, margin=eng.cfg.repick_margin)
+        except (TraceError, ValueError) as e:
+            raise EngineError(f"--repick auto: {e}") from None
+        self.set_repick(n, auto=True)
+        line = f"{why} [{source}]"
+        live = eng.cfg.repick_auto_every > 0
+        with eng._lock:
+            self.auto_line = f"auto: {line}"
+            self.auto_mark = (eng._decode_tokens, eng._plan) if live else None
+        return line + (f"; decided again every {eng.cfg.repick_auto_every} tokens from this chat's own routing"
+                       if live else "")
+
+    def redecide(self, st: RoutingStats, n_dec: int) -> None:
+        """Live `--repick auto` (cfg.repick_auto_every > 0), after a reply: once that many decode tokens have passed
+        since the last decision, score static and each interval on them, from the plan held when they began
+        (profiles.repick.choose_repick_from), and switch if another interval wins. A profile recorded earlier
+        cannot see the drift of this chat; these tokens can."""
+        eng = self.eng
+        mark, every = self.auto_mark, eng.cfg.repick_auto_every
+        if mark is None or every <= 0 or n_dec - mark[0] < every or not eng._plan.layers:
+            return
+        # decode rows of the slot layers (not the NextN block's, whose experts never sit in slots)
+        ring = st.ring[(st.ring[:, 0] >= 0) & np.isin(st.ring[:, 1], list(mark[1].layers))]
+        was = eng.cfg.repick_every
+        try:
+            cost, _ = eng.cost_model()
+            n, why = chooser.choose_repick_from(from_ring(ring, {"n_expert": str(eng.model.facts.n_expert)}),
+                                                mark[1].layers, cost, last=n_dec - mark[0], current=was,
+                                                whole=True, max_swaps=eng.cfg.repick_swaps,
+                                                margin=eng.cfg.repick_margin)
+        except Exception as e:  # noqa: BLE001 - a short ring, a calibration edited mid-chat: never end the reply
+            n, why = was, f"kept ({e}); decides again on the next {every} tokens"
+        with eng._lock:
+            if self.auto_mark is not mark:
+                return                          # F3 or a slot change while deciding: the user's choice stands
+            if n != was:
+                self.set_repick(n, auto=True)
+            self.auto_mark = (n_dec, eng._plan)
+            self.auto_line = (f"auto @{n_dec} tokens: {why}" if n == was
+                              else f"auto @{n_dec} tokens, {'static' if not was else f'every {was}'} -> {why}")
+
+    def step(self, n_new: int) -> None:
+        """After each decode step of `n_new` tokens (cfg.repick_every > 0): every N decode tokens, elect residents
+        per layer from the recent window's picks and copy only the swapped slabs."""
+        eng = self.eng
+        if self.stager is not None:
+            self._commit_stage()                                   # between decodes: the copies that are in
+        n = eng.cfg.repick_every
+        if n <= 0 or not eng._plan.layers:
+            return
+        self.since += n_new
+        if self.since < n:
+            return
+        self.since = 0
+        cfg, f = eng.cfg, eng.model.facts
+        if self.spare and cfg.repick_overlap:
+            if self.stager is None:
+                self.stager = cache_mod.Stager(eng.model.ptr)
+            if self.stager.busy:
+                return                                             # the last re-pick's copies are still coming in
+            swaps_of = cache_mod.elect_swaps(eng._plan, eng.ctx.read_stats().ring, f.n_expert,
+                                             max_swaps=cfg.repick_swaps, window=cfg.repick_window,
+                                             margin=cfg.repick_margin)
+            if swaps_of:
+                with eng._lock:
+                    self.repicks += 1
+                self.stager.begin(swaps_of)
+            return
+        plan, swaps, moved = cache_mod.repick(eng.model.ptr, eng._plan, eng.ctx.read_stats().ring, f.n_expert,
+                                              max_swaps=cfg.repick_swaps, window=cfg.repick_window,
+                                              margin=cfg.repick_margin)
+        if plan is eng._plan:
+            return
+        with eng._lock:
+            eng._plan = plan
+            self.repicks += 1
+            self._moved(swaps, moved)
+
+    def _commit_stage(self) -> None:
+        eng = self.eng
+        try:
+            plan, swaps, moved = self.stager.poll(eng._plan)        # type: ignore[union-attr]
+        except cache_mod.CacheError as e:
+            eng.notices.append(f"re-pick copy failed, re-picks continue from the current plan: {e}")
+            return
+        if swaps:
+            with eng._lock:
+                eng._plan = plan
+                self._moved(swaps, moved)
+
+    def _moved(self, swaps: int, nbytes: int) -> None:
+        self.swaps += swaps
+        self.bytes += nbytes
+        self.eng._upload_bytes += nbytes
+
+    def drain(self) -> None:
+        """Copies in flight are dropped (before the packs are rebuilt)."""
+        if self.stager is not None:
+            self.stager.drain()
+
+    def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None

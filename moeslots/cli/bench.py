@@ -1,0 +1,179 @@
+"""`moeslots bench decode|compare|mtp|repick|app MODEL ...`: the engine measured, one subcommand per benchmark, each
+with only its own flags (engine/bench/: decode.py, mtp.py, repick.py; the app beside the engine: tui/appbench.py).
+
+    decode   prompt and decode tok/s, hit rate, weight MB/token to the GPU, splits and routing at each slot count
+    compare  greedy text at each slot count against 0 slots (the cache must not change it)
+    mtp      greedy tok/s with and without MTP drafts, acceptance, ms per phase of a step
+    repick   static vs re-pick every N tokens (and live auto) under replayed routing, beside the simulator
+    app      the real app driven headless beside the same engine alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from . import bench_app
+from .common import UserError, int_list
+
+SLOTS = "0,16,32,64,96,128"
+
+
+def _engine_setup(a: argparse.Namespace) -> list[int]:
+    """What every engine benchmark does first: the engine checked, --slots read, the host-chain overlap set."""
+    from ..engine import cache as cache_mod
+    from ..engine import native
+
+    native.require_patched()
+    slots = int_list(a.slots, "--slots")
+    if any(n < 0 for n in slots):
+        raise UserError(f"--slots takes numbers >= 0 (slots per layer), got {a.slots!r}")
+    cache_mod.set_async(a.async_cpu)
+    print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if cache_mod.async_enabled() else 'no'}",
+          file=sys.stderr)
+    return slots
+
+
+def _write_json(path: str | None, data: object) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=1))
+
+
+def cmd_decode(a: argparse.Namespace) -> int:
+    from ..engine.bench import decode
+
+    slots = _engine_setup(a)
+    rows, info = decode.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
+                            mmap=not a.no_mmap, pack_host=a.pack_host, with_stats=not a.no_stats,
+                            replay_from=a.replay, log=lambda m: print(m, file=sys.stderr))
+    print(decode.render(rows, info))
+    if a.json:
+        decode.save(rows, info, Path(a.json))
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from ..engine.bench import decode
+
+    slots = _engine_setup(a)
+    rows = decode.compare(Path(a.model), slots, prompts=a.prompts, tokens=a.tokens, threads=a.threads,
+                          mmap=not a.no_mmap, pack_host=a.pack_host, replay_from=a.replay,
+                          log=lambda m: print(m, file=sys.stderr))
+    print("\n".join([decode.COMPARE_HEADER] + [decode.render_compare_row(r) for r in rows]))
+    _write_json(a.json, [dataclasses.asdict(r) for r in rows])
+    return 0
+
+
+def cmd_mtp(a: argparse.Namespace) -> int:
+    from ..engine.bench import mtp
+
+    slots = _engine_setup(a)
+    drafts = int_list(a.drafts, "--drafts")
+    print("| slots/layer | draft | plain tok/s | MTP tok/s | acceptance | tokens/step | same greedy text | "
+          "ms per step: feed / drafts / verify / rest |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        text = Path(a.prompt_file).read_text(encoding="utf-8") if a.prompt_file else None
+        rows = mtp.run_mtp(Path(a.model), slots, drafts, n_tokens=a.n_decode, threads=a.threads,
+                           pack_host=a.pack_host, prompt_text=text, mtp_head=a.mtp_head, replay_from=a.replay,
+                           mmap=not a.no_mmap, log=print)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    _write_json(a.json, [dataclasses.asdict(r) for r in rows])
+    return 0
+
+
+def cmd_repick(a: argparse.Namespace) -> int:
+    from ..engine import calibrate
+    from ..engine.bench import repick
+    from ..engine.model import inspect_gguf
+
+    words = [x.strip() for x in a.every.split(",") if x.strip()]
+    if not words or not all(x == "auto" or x.isdigit() for x in words):
+        raise UserError(f"--every takes intervals >= 0 (0: static) or auto, not {a.every!r}")
+    slots = _engine_setup(a)
+    intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
+    cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap)
+    routings = [r for r in a.replay.split(",") if r.strip()]
+    print(f"cost model for the simulator: {source}")
+    print(repick.REPICK_HEADER)
+    try:
+        rows, info = repick.run_repick(Path(a.model), slots, intervals, routings, n_decode=a.n_decode,
+                                       profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
+                                       pack_host=a.pack_host, max_swaps=a.max_swaps, cost=cost, overlap=a.overlap,
+                                       profile_from=a.profile_from, log=print)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for name, src in info["routings"].items():
+        print(f"routing {name}: {src}")
+    _write_json(a.json, {"info": info, "rows": [dataclasses.asdict(r) for r in rows]})
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, *, slots: str = SLOTS) -> None:
+    p.add_argument("model")
+    p.add_argument("--slots", default=slots, help="comma-separated slots per layer")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-mmap", action="store_true", help="load experts into (pinned) host memory, not mmap")
+    p.add_argument("--pack-host", action="store_true", help="hot packs in host memory (CPU-only testing)")
+    p.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
+                   help="host chain overlapping the GPU chain (patch 0008; off by default: no gain measured on the "
+                   "H200 box)")
+    p.add_argument("--json", help="also write the rows as JSON")
+
+
+def _replay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replay", metavar="TRACE|uniform",
+                   help="route through a recorded trace (CSV) or uniform random ids instead of the router")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    bn = sub.add_parser("bench", help="measure the engine (decode, compare, mtp, repick) or the app (app)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bs = bn.add_subparsers(dest="bench_cmd", metavar="BENCHMARK", required=True)
+
+    d = bs.add_parser("decode", help="decode/prompt speed, hit rate and uploads at several slot counts")
+    _common(d)
+    d.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens (random, teacher-forced)")
+    d.add_argument("--prompt-len", type=int, default=512)
+    d.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
+    _replay(d)
+    d.set_defaults(func=cmd_decode)
+
+    c = bs.add_parser("compare", help="greedy text at each slot count against 0 slots")
+    _common(c)
+    c.add_argument("--prompts", type=int, default=4, help="random 32-token starts")
+    c.add_argument("--tokens", type=int, default=256, help="greedy tokens from each start")
+    _replay(c)
+    c.set_defaults(func=cmd_compare)
+
+    m = bs.add_parser("mtp", help="greedy tok/s with and without MTP drafts, acceptance, time per phase")
+    _common(m)
+    m.add_argument("--drafts", default="1", metavar="D1,D2", help="draft lengths (default 1)")
+    m.add_argument("-n", "--n-decode", type=int, default=128, help="greedy tokens per run")
+    m.add_argument("--mtp-head", default="gpu", choices=["slots", "host", "gpu"],
+                   help="the NextN block's experts on the GPU (default, as the app), in the plan (slots), or in host "
+                   "memory")
+    m.add_argument("--prompt-file", help="a user turn (chat template) instead of random prompt tokens")
+    _replay(m)
+    m.set_defaults(func=cmd_mtp)
+
+    r = bs.add_parser("repick", help="static vs re-pick every N tokens under replayed routing, beside the simulator")
+    _common(r)
+    r.add_argument("--every", required=True, metavar="N1,N2|auto", help="re-pick intervals (0: static); 'auto': live "
+                   "--repick auto (chosen from the profile rows, then again every 256 decoded tokens)")
+    r.add_argument("--replay", default="uniform", metavar="TRACE,...|uniform",
+                   help="the routings to replay (comma-separated traces and/or 'uniform'; default uniform)")
+    r.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens per routing and policy")
+    r.add_argument("--profile-rows", type=int, default=1024, help="trace rows that make the static plan")
+    r.add_argument("--profile-from", metavar="TRACE", help="take those rows from this trace instead of the replayed "
+                   "one (a profile that does not match the chat)")
+    r.add_argument("--max-swaps", type=int, default=4, help="at most M swaps per layer per re-pick")
+    r.add_argument("--overlap", action="store_true", help="copies staged on a worker thread while decoding, "
+                   "committed between steps (as the engine does), instead of synchronous swaps")
+    r.set_defaults(func=cmd_repick)
+
+    bench_app.add_parser(bs)                   # `moeslots bench app MODEL ...`: the app beside the engine alone

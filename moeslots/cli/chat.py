@@ -1,0 +1,148 @@
+"""`moeslots chat MODEL` and `moeslots` alone: the engine opened with the settings of moeslots.cli.launch (flags over
+config.toml), and the app run on it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..engine.api import Engine
+from . import launch
+from .common import UserError, config, int_arg
+
+
+def parse_repick(v: str | None) -> tuple[int, int]:
+    if not v or v == "auto":
+        return 0, 4
+    n, _, m = v.partition(":")
+    try:
+        return int(n), int(m) if m else 4
+    except ValueError:
+        raise UserError(f"--repick takes N or N:M (every N tokens, at most M swaps per layer), not {v!r}") from None
+
+
+def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
+                ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool | str = "auto",
+                auto_profile: bool = False) -> "Engine":
+    """The engine the app runs on: slots as many as fit by default (with a profile, or a GPU to plan from the first
+    prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice."""
+    from ..engine import native
+    from ..engine.engine import Engine as LocalEngine
+    from ..engine.engine import EngineConfig
+    from ..engine.residency import AUTO_EVERY
+    from ..engine.threads import app_threads
+
+    native.require_patched()
+    pack_host = not native.gpus()
+    if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
+        slots = "auto" if profile or (auto_profile and not pack_host) else "0"
+    n_or_auto: int | str = slots if slots == "auto" else int_arg("--slots", slots)
+    every, swaps = parse_repick(repick)
+    threads = threads or app_threads()         # the app keeps a physical core for its UI (engine/threads.py)
+    eng = LocalEngine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp,
+                                   threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
+                                   async_cpu=async_cpu, mmap=mmap,
+                                   repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
+                                   auto_profile=auto_profile))
+    if pack_host and n_or_auto not in (0, "0"):
+        eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
+    if repick == "auto":
+        try:
+            eng.notices.append(eng.set_repick_auto())
+        except BaseException:
+            eng.close()
+            raise
+    return eng
+
+
+def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Namespace | None = None,
+            model: Path | None = None) -> int:
+    from ..engine import native
+    from ..tui.app import MoeslotsApp
+
+    keymap = dict(config().get("keymap", {}))
+    native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
+    app = MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember)
+    app.model_path, app.model_dirs = model, list(config().get("app", {}).get("model_dirs", []))
+    app.opener = lambda p: chat_engine(p, a or chat_args(p), explicit=False)
+    try:
+        app.run()
+    finally:
+        native.set_log_echo(True)
+        app._cancel.set()                 # a reply still running in its worker thread stops at the next token
+        app.engine.close()                # (waits for that thread; the model picker may have switched engines)
+    return 0
+
+
+def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> Engine:
+    """The engine for `chat MODEL` (explicit) or a model picked in the app; remembered as [app] last_model."""
+    s = launch.resolve(model, a, config().get("app", {}), explicit=explicit)
+    eng = open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
+                      s.auto_profile)
+    bad = launch.remember(model)
+    if bad:
+        eng.notices.append(bad)
+    return eng
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    model = Path(a.model).expanduser()
+    return run_app(chat_engine(model, a), model.name, a=a, model=model)
+
+
+def cmd_app(a: argparse.Namespace) -> int:
+    """`moeslots` alone: the app on the default model: the bundled trained model (engine/assets) with its merged
+    code+chat profile and a quarter of its experts in slots, unless config.toml names another."""
+    from ..engine import bundled, native
+    from ..engine.errors import EngineError
+    from ..engine.model import inspect_gguf
+
+    native.require_patched()
+    target, gone = launch.start_model(config().get("app", {}))
+    if target is not None:                       # [app] model, else the last model used
+        return cmd_chat(chat_args(target))
+    try:
+        path, prof = bundled.model(), bundled.profile("merged")
+    except EngineError as e:
+        raise UserError(str(e)) from None
+    eng = open_engine(path, prof, str(inspect_gguf(path).n_expert // 4), True, None, 4096)
+    if gone:
+        eng.notices.append(gone)
+    return run_app(eng, path.name, remember=False, model=path)
+
+
+def chat_args(model: Path) -> argparse.Namespace:
+    """`moeslots chat MODEL` with no other flag, as parsed."""
+    p = argparse.ArgumentParser(prog="moeslots chat")
+    _chat_arguments(p)
+    return p.parse_args([str(model)])
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    _chat_arguments(sub.add_parser("chat", help="the chat app on MODEL with the expert cache"))
+    ap = sub.add_parser("app", help="(default) the chat app on the default model")
+    ap.set_defaults(func=cmd_app)
+
+
+def _chat_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("model")
+    c.add_argument("--profile", help="profile (trace CSV) that picks the resident experts")
+    c.add_argument("--slots", help="slots per layer, or 'auto' (default: auto with a profile, else 0)")
+    c.add_argument("--no-mtp", action="store_true", help="no MTP drafts even if the model has a NextN block")
+    c.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the host-memory experts while the GPU computes the resident ones (off by default: two "
+                   "more splits per layer cost what the overlap hides)")
+    c.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-mmap: read the experts into pinned host memory (prompts ~5x faster on the H200 box, the "
+                   "model's expert bytes held in RAM); --mmap: map the file. Default: pinned when the free RAM holds "
+                   "the experts + 10 %% + 4 GiB, else mmap (config: [app] mmap = true|false)")
+    c.add_argument("--no-auto-profile", action="store_true", help="without --profile: no slots planned from the "
+                   "first prompt, no profile recorded for this model or taken from an earlier session "
+                   "(config: [app] auto_profile = false)")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--ctx", type=int, default=4096)
+    c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
+                   "per layer (default: static); auto: plan from the profile's first half, score each N on its second "
+                   "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "
+                   "(pays mostly with --no-mmap and a drifting workload)")
+    c.set_defaults(func=cmd_chat)

@@ -1,0 +1,34 @@
+"""The cost model of a decode token, shared by the simulator, `--repick auto`, the slots line and the benchmarks.
+
+Per decode token (sequential, no overlap): base (non-expert work) + picks served from VRAM x slab / GPU GB/s + picks
+computed in host memory x slab / CPU GB/s + slabs uploaded x slab / PCIe GB/s. A machine's own rates come from
+`moeslots doctor --calibrate` (engine.calibrate); without one, every user of costs takes the H200 box's here
+(shared/h200-box.md): CPU 80 GB/s (16 threads), GPU ~4000 GB/s, base 3.0 ms, a 3.06 MB slab (Qwen3-30B-A3B shape at
+Q4_K_M), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8 GB/s from pinned memory,
+5.3-6.7 GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+H200_UPLOAD_GBPS = {"pinned": 25.6, "pageable": 5.3}
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    slab_mb: float = 3.06
+    cpu_gbps: float = 80.0
+    pcie_gbps: float = H200_UPLOAD_GBPS["pinned"]
+    gpu_gbps: float = 4000.0
+    base_ms: float = 3.0
+
+    def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
+        mb = self.slab_mb
+        return (self.base_ms + gpu_picks * mb / self.gpu_gbps + cpu_picks * mb / self.cpu_gbps
+                + uploads * mb / self.pcie_gbps)
+
+    @classmethod
+    def h200(cls, slab_mb: float | None = None, *, pinned: bool = True) -> "CostModel":
+        """The H200 box's costs for a model of `slab_mb` per expert, uploads from pinned or pageable memory."""
+        return cls(slab_mb=slab_mb or cls.slab_mb, pcie_gbps=H200_UPLOAD_GBPS["pinned" if pinned else "pageable"])
