@@ -31,6 +31,7 @@ from .api import Done, EngineConfig, LayerSnapshot, Message, Snapshot, TextDelta
 from .cache import SlotPlan
 from .errors import EngineError
 from .model import Context, Detokenizer, LoadOptions, Model
+from . import mtp as mtp_mod
 from .mtp import MTP, sample
 from .mtp_auto import AdaptiveMTP
 from .record import Recorder, whatif_line
@@ -67,14 +68,8 @@ class Engine:
             self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads,
                                rollback=cfg.mtp_draft if cfg.mtp else 0)   # rejected drafts of recurrent models
             self.ctx.enable_stats(cfg.stats_ring)
-            f = self.model.facts
-            if cfg.mtp and f.n_nextn and not f.nextn_tensors:
-                self.notices.append(f"{f.name} declares a NextN (MTP) block but the file carries none of its "
-                                    "tensors: decoding without MTP")
-            elif cfg.mtp and not self.model.mtp_loaded:
-                self.notices.append(f"{f.name} has no NextN (MTP) block: decoding without MTP")
-            elif cfg.mtp:
-                self.mtp = MTP(self.model, self.ctx, n_draft=cfg.mtp_draft, threads=cfg.threads)
+            if cfg.mtp:
+                self.mtp = mtp_mod.attach(self.model, self.ctx, cfg.mtp_draft, cfg.threads, self.notices)
         except BaseException:
             self.close()
             raise
@@ -214,7 +209,7 @@ class Engine:
             p += 1
         had = len(self._tokens)
         self._tokens = []                                # until the prompt is in: a failed turn leaves no stale KV
-        p = self._keep_prefix(p, had)
+        p = recurrent.keep_prefix(self.ctx, self.mtp, self._ckpt, p, had)
         reread = p == 0 and had > 0
         self._tokens = toks[:p]
         with self._lock:
@@ -269,9 +264,10 @@ class Engine:
             yield TextDelta(rest)
         t2 = time.perf_counter()
         st1 = ctx.read_stats()
-        if self._rec is not None and st_before is not None:
+        if st_before is not None:
             with self._lock:
-                self._rec.keep(st_before, st1, m.facts.n_expert_used, n, end=len(toks) + n)
+                if self._rec is not None:                       # (still) recording
+                    self._rec.keep(st_before, st1, m.facts.n_expert_used, n, end=len(toks) + n)
         if self._auto is not None and st_before is not None:
             self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
@@ -287,35 +283,6 @@ class Engine:
             self._upload_bytes += stats_mod.weight_copy_bytes() - b0
         yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
                              hits / (hits + miss) if hits + miss else 0.0, reread), "".join(text))
-
-    def _keep_prefix(self, p: int, had: int) -> int:
-        """Cut both contexts back to p, the prefix this prompt shares with what they hold (`had` positions); returns
-        the position kept: p, or on a recurrent model that cannot cut that far the last prompt's checkpoint
-        (engine.recurrent), or 0 (the prompt is read again from the start)."""
-        ck = self._ckpt
-        if p < had and not self.ctx.can_truncate(p):
-            if ck is not None and 0 < ck.pos <= p:
-                try:
-                    recurrent.restore(self.ctx, ck)
-                    if self.mtp is not None:
-                        self.mtp.truncate(ck.pos)
-                    return ck.pos
-                except EngineError:
-                    pass
-            p = 0
-        try:
-            self._cut(p)
-            return p
-        except EngineError:
-            if p == 0:
-                raise
-        self._cut(0)
-        return 0
-
-    def _cut(self, p: int) -> None:
-        self.ctx.truncate(p)
-        if self.mtp is not None:
-            self.mtp.truncate(p)
 
     def _sample(self, logits: np.ndarray) -> int:
         return sample(logits, self.cfg.temperature, self._rng)

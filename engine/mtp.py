@@ -220,6 +220,19 @@ class MTP:
         return out
 
 
+def attach(model: Model, ctx: Context, n_draft: int, threads: int | None, notices: list[str]) -> "MTP | None":
+    """The draft context of `ctx` when the model's NextN block was loaded; else None, said in `notices`."""
+    f = model.facts
+    if f.n_nextn and not f.nextn_tensors:
+        notices.append(f"{f.name} declares a NextN (MTP) block but the file carries none of its tensors: decoding "
+                       "without MTP")
+    elif not model.mtp_loaded:
+        notices.append(f"{f.name} has no NextN (MTP) block: decoding without MTP")
+    else:
+        return MTP(model, ctx, n_draft=n_draft, threads=threads)
+    return None
+
+
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
     z = logits.astype(np.float64) / temperature
     z -= z.max()

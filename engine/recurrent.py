@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from typing import TYPE_CHECKING
 
 from .errors import EngineError
 from .model import Context
+
+if TYPE_CHECKING:
+    from .mtp import MTP
 
 PARTIAL_ONLY = 1      # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or SWA) part of a sequence's state
 
@@ -49,3 +53,32 @@ def restore(ctx: Context, ck: Checkpoint) -> None:
         raise EngineError("could not restore the recurrent state checkpoint")
     ctx.n_past = max(ctx.n_past, ck.pos)
     ctx.truncate(ck.pos)              # attention rows >= pos; the recurrent state already ends at pos - 1
+
+
+def keep_prefix(ctx: Context, mtp: "MTP | None", ck: Checkpoint | None, p: int, had: int) -> int:
+    """A new turn: cut the context (and the MTP draft's) back to p, the prefix its prompt shares with what they hold
+    (`had` positions); returns the position kept: p, or on a recurrent model that cannot cut that far the last
+    prompt's checkpoint `ck`, or 0 (the prompt is read again from the start)."""
+    def cut(q: int) -> None:
+        ctx.truncate(q)
+        if mtp is not None:
+            mtp.truncate(q)
+
+    if p < had and not ctx.can_truncate(p):
+        if ck is not None and 0 < ck.pos <= p:
+            try:
+                restore(ctx, ck)
+                if mtp is not None:
+                    mtp.truncate(ck.pos)
+                return ck.pos
+            except EngineError:
+                pass
+        p = 0
+    try:
+        cut(p)
+        return p
+    except EngineError:
+        if p == 0:
+            raise
+    cut(0)
+    return 0
