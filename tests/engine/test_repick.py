@@ -120,12 +120,33 @@ def test_set_repick_turns_it_on_and_off(tiny_glm: Path) -> None:
         e.close()
 
 
-def test_repick_auto_from_the_profile(tiny_glm: Path, prof: Path) -> None:
-
+def test_repick_auto_from_the_profile(tiny_glm: Path, prof: Path, tmp_path: Path) -> None:
+    """The profile simulated under the costs decides: on a profile whose routing moves (experts 0-3 for 200 tokens,
+    then 4-7), uploads that cost nothing against a slow CPU re-pick, uploads that never pay stay static; the
+    interval chosen is the one in force, and the snapshot says why. Without a calibration (the tests have none) the
+    H200 box's costs decide, the same way every time, on the recorded profile too."""
+    drift = tmp_path / "drift.csv"
+    drift.write_text("# arch=glm4moe n_layer=4 n_expert=16 k=4\npos,layer,id0,id1,id2,id3\n" + "".join(
+        f"{t},{il},{','.join(str(x + 4 * (t >= 200)) for x in range(4))}\n" for t in range(400) for il in (1, 2)))
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=4, profile=drift, mtp=False))
+    try:
+        why = e.set_repick_auto(CHEAP)
+        every = e.snapshot().repick_every
+        assert why.startswith(f"re-pick every {every} tokens: ") and every in (1, 16, 100), why
+        assert why.endswith("[given costs]") and e.snapshot().repick_auto == f"auto: {why}"
+        why = e.set_repick_auto(DEAR)
+        assert why.startswith("static: ") and "would not pay back its uploads" in why, why
+        assert e.snapshot().repick_every == 0 and e.snapshot().repick_auto == f"auto: {why}"
+        why = e.set_repick_auto()
+        assert why.endswith("[default costs (H200 box, pinned uploads at 25.6 GB/s): run `moeslots doctor "
+                            "--calibrate MODEL` for this machine's]"), why
+        assert e.set_repick_auto() == why                      # deterministic
+    finally:
+        e.close()
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, slots=4, profile=prof, mtp=False))
     try:
-        why = e.set_repick_auto()
-        assert why.startswith("static") or why.startswith("re-pick every")
+        why, every = e.set_repick_auto(), e.snapshot().repick_every
+        assert why.startswith(f"re-pick every {every} tokens: " if every else "static: "), why   # what is in force
         assert e.set_repick_auto() == why                      # deterministic
     finally:
         e.close()
