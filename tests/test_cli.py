@@ -14,13 +14,20 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
 
 
 def test_doctor_reports_patched() -> None:
+    """`moeslots doctor`: one `key  value` row per fact (the key in 16 columns): the engine, patched with this
+    checkout's series, the CPU threads this process may use, and no calibration (the tests' config is empty)."""
+    import os
+
+    from moeslots.engine import patchset
+
     r = run("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip() and "  " in line)
-    assert r.stdout.splitlines()[0].startswith("engine ") and "llama-cpp-python 0.3.36" in r.stdout
-    assert "patched          yes (moeslots 1 (patches " in r.stdout
-    assert "cpu threads" in r.stdout
-    del lines
+    rows = dict((line[:16].strip(), line[17:]) for line in r.stdout.splitlines() if line.strip())
+    assert list(rows)[0] == "engine" and rows["engine"].startswith("llama-cpp-python 0.3.36 at ")
+    assert rows["patched"] == f"yes (moeslots 1 (patches {patchset.patches_hash(patchset.patch_files())}))"
+    assert rows["cpu threads"] == str(len(os.sched_getaffinity(0)))
+    assert rows["gpu"].startswith("none") and "CPU" in rows["backends"]
+    assert rows["calibration"] == "none for this machine (moeslots doctor --calibrate MODEL)"
 
 
 def test_native_struct_matches_ggml() -> None:

@@ -38,15 +38,24 @@ def test_app_mmap_false_is_accepted_and_typed(dirs: Path) -> None:
             config.load(p)
 
 
-def test_mmap_flags_override_the_config_and_default_to_auto() -> None:
+def test_mmap_flags_override_the_config_and_default_to_auto(dirs: Path) -> None:
+    """Through config.toml as `moeslots chat` reads it (the key check let `[app] mmap` through only after this test
+    read a file: it had passed a dict)."""
     p = cli.build_parser()
     m = Path("m.gguf")
+
+    def mmap(*flags: str) -> bool | str:
+        return chat.settings(m, p.parse_args(["chat", "m.gguf", *flags])).mmap
+
     assert p.parse_args(["chat", "m.gguf", "--no-mmap"]).mmap is False
     assert p.parse_args(["chat", "m.gguf", "--mmap"]).mmap is True
-    assert launch.resolve(m, p.parse_args(["chat", "m.gguf"]), {}).mmap == "auto"
-    assert launch.resolve(m, p.parse_args(["chat", "m.gguf"]), {"mmap": False}).mmap is False
-    assert launch.resolve(m, p.parse_args(["chat", "m.gguf", "--mmap"]), {"mmap": False}).mmap is True
-    assert launch.resolve(m, p.parse_args(["chat", "m.gguf", "--no-mmap"]), {"mmap": True}).mmap is False
+    assert mmap() == "auto"                                             # no config file
+    _cfg(dirs, "[app]\nmmap = false\n")
+    assert mmap() is False and mmap("--mmap") is True
+    _cfg(dirs, "[app]\nmmap = true\n")
+    assert mmap() is True and mmap("--no-mmap") is False
+    _cfg(dirs, "[app]\nauto_profile = false\n")
+    assert mmap() == "auto"
 
 
 def test_auto_profile_and_the_config_profile() -> None:

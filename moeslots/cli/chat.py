@@ -74,9 +74,14 @@ def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Nam
     return 0
 
 
+def settings(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> launch.ChatSettings:
+    """What `chat MODEL` opens with: the flags over config.toml's [app] table (moeslots.cli.launch)."""
+    return launch.resolve(model, a, config().get("app", {}), explicit=explicit)
+
+
 def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> Engine:
     """The engine for `chat MODEL` (explicit) or a model picked in the app; remembered as [app] last_model."""
-    s = launch.resolve(model, a, config().get("app", {}), explicit=explicit)
+    s = settings(model, a, explicit=explicit)
     eng = open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
                       s.auto_profile)
     bad = launch.remember(model)
