@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -22,26 +21,14 @@ from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Markdown, Static
 
+from ..engine.api import Done, Engine, Message, TextDelta
+from .actions import EngineActions
 from .inspector import Inspector
-from .widgets.chat import ChatMessage, Prompt, printable
-from .screens.modals import NameScreen, SlotsScreen
+from .screens.modals import NameScreen
 from .store import Store, data_dir
+from .widgets.chat import ChatMessage, Prompt, printable
 from .stream import STREAM_EVERY, LiveTail, Pacer, ReplyBuffer, ReplyView
 from .widgets.heatmap import SlotHeatmap
-
-
-class EngineLike(Protocol):
-    """What the app needs from moeslots.engine.engine.Engine (tests use a scripted fake)."""
-    load_line: str
-    notices: list[str]
-
-    def chat(self, messages: Any, cancel: threading.Event | None = None) -> Any: ...
-    def snapshot(self) -> Any: ...
-    def set_slots(self, plan_or_n: Any) -> str: ...
-    def start_recording(self) -> None: ...
-    def stop_recording(self, path: Path) -> Any: ...
-    def new_chat(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class ReplyDone(TMessage):
@@ -54,7 +41,7 @@ SWITCH_INTERVAL = 0.0001      # seconds; sys.setswitchinterval while the app run
 INSPECT_EVERY = 0.25          # seconds between inspector refreshes (while it is visible)
 
 
-class MoeslotsApp(App[None]):
+class MoeslotsApp(EngineActions, App[None]):
     TITLE = "moeslots"
     CSS_PATH = "app.tcss"
     BINDINGS = [
@@ -73,7 +60,7 @@ class MoeslotsApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", id="quit"),
     ]
 
-    def __init__(self, engine: EngineLike, *, store: Store | None = None, model_name: str = "",
+    def __init__(self, engine: Engine, *, store: Store | None = None, model_name: str = "",
                  keymap: dict[str, str] | None = None, system_prompt: str = "", remember: bool = False):
         super().__init__()
         self.remember = remember          # write slot/profile changes to config.toml (the real app does)
@@ -82,7 +69,7 @@ class MoeslotsApp(App[None]):
         self.model_name = model_name
         self.model_path: Path | None = None          # the model file, and what opens another (the F4 picker;
         self.model_dirs: list[str] = []              # both set by the CLI) and where else to look for models
-        self.opener: Callable[[Path], EngineLike] | None = None
+        self.opener: Callable[[Path], Engine] | None = None
         self._notices_seen = 0                       # engine notices already shown (more come after replies)
         self._keymap = keymap or {}
         self.chat_id = self.store.last_chat() or self.store.new_chat(system_prompt)
@@ -98,7 +85,7 @@ class MoeslotsApp(App[None]):
         self.last_turn: Any = None        # the last reply's TurnStats (the engine's numbers; `bench app` reads them)
         self._inspector_visible = True
         self._user_toggled = False        # once the user toggles the inspector, resizing no longer hides it
-        self._repick_seen = int(getattr(getattr(engine, "cfg", None), "repick_every", 0) or 0)
+        self._repick_seen = engine.snapshot().repick_every   # the interval in force, to say when auto changes it
 
     # -- layout ------------------------------------------------------------------------------------------------
 
@@ -156,8 +143,6 @@ class MoeslotsApp(App[None]):
     # -- chat --------------------------------------------------------------------------------------------------
 
     def _messages(self) -> list[Any]:
-        from ..engine.engine import Message
-
         msgs = []
         sys_prompt = self.store.system(self.chat_id)
         if sys_prompt:
@@ -189,8 +174,6 @@ class MoeslotsApp(App[None]):
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def generate(self, messages: list[Any], cancel: threading.Event) -> None:
-        from ..engine.engine import Done, TextDelta
-
         put = self._reply.put                              # per token: a list append, never a wait on the UI
         text, stats, error = "", None, None
         try:
@@ -248,10 +231,7 @@ class MoeslotsApp(App[None]):
         self.query_one(Prompt).focus()
 
     async def _drop_last_user_message(self) -> None:
-        db = self.store.db
-        db.execute("DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages WHERE chat = ? AND role = 'user')",
-                   (self.chat_id,))
-        db.commit()
+        self.store.drop_last_user_message(self.chat_id)
         users = [m for m in self.query_one("#chat-log").query(ChatMessage) if m.role == "user"]
         if users:
             await users[-1].remove()
@@ -284,67 +264,6 @@ class MoeslotsApp(App[None]):
         out.write_text(self.store.export_markdown(self.chat_id))
         self.notify(f"exported to {out}")
 
-    # -- slots and recording -----------------------------------------------------------------------------------
-
-    @work(exclusive=True, group="modal")
-    async def action_slots(self) -> None:
-        if self._generating:
-            self.notify("stop the reply first (Esc)", severity="warning")
-            return
-        snap = self.engine.snapshot()
-        cur = str(len(snap.layers[0].slot_experts)) if snap.layers and snap.layers[0].slot_experts else "0"
-        info = self.engine.slots_info() if hasattr(self.engine, "slots_info") else \
-            f"now: {snap.load_line}; pack {snap.pack_bytes / 2**20:.0f} MiB"
-        value = await self.push_screen_wait(SlotsScreen(cur, info))
-        if value is not None:
-            self.apply_slots(value)
-
-    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def apply_slots(self, value: str) -> None:
-        try:
-            line = self.engine.set_slots(value if value == "auto" else int(value))
-        except Exception as e:  # noqa: BLE001 - notified, state kept
-            self.call_from_thread(self.notify, f"slots unchanged: {e}", severity="error", timeout=10)
-            return
-        self.call_from_thread(self.notify, line)
-        if self.remember:
-            from . import config
-
-            try:
-                config.save_app({"slots": value, "profile": str(getattr(getattr(self.engine, "cfg", None),
-                                                                        "profile", "") or "") or None})
-            except (OSError, config.ConfigError) as e:
-                self.call_from_thread(self.notify, f"could not save the config: {e}", severity="warning")
-
-    @work(exclusive=True, group="modal")
-    async def action_record(self) -> None:
-        if not self.engine.snapshot().recording:
-            self.engine.start_recording()
-            self.notify("recording routing: chat as usual, Ctrl+R again to save the profile")
-            return
-        default = str(data_dir() / "profiles" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.csv")
-        name = await self.push_screen_wait(NameScreen("Save the recorded profile as:", default))
-        if name is None:
-            self.notify("still recording (Esc kept it going)")
-            return
-        try:
-            t = self.engine.stop_recording(Path(name).expanduser())
-        except Exception as e:  # noqa: BLE001
-            self.notify(f"could not save the profile: {e}", severity="error", timeout=10)
-            return
-        msg = f"saved {name}: {t.decode_tokens} decode tokens, {t.n_rows} routing rows"
-        ov = self.engine.profile_overlap(Path(name).expanduser()) if hasattr(self.engine, "profile_overlap") else None
-        if ov is not None:
-            msg += f"; top-slot overlap with the active profile {100 * ov:.0f} %"
-        self.notify(msg, timeout=10)
-        if t.decode_tokens and hasattr(self.engine, "use_profile"):
-            answer = await self.push_screen_wait(NameScreen("Apply this profile to the slots now? (yes/no)", "yes"))
-            if answer and answer.lower().startswith("y"):
-                self.engine.use_profile(Path(name).expanduser())
-                snap = self.engine.snapshot()
-                n = len(snap.layers[0].slot_experts) if snap.layers and snap.layers[0].slot_experts else 0
-                self.apply_slots(str(n) if n else "auto")
-
     @work(exclusive=True, group="modal")
     async def action_system_prompt(self) -> None:
         text = await self.push_screen_wait(NameScreen("System prompt for this chat (empty: none):",
@@ -353,36 +272,12 @@ class MoeslotsApp(App[None]):
             self.store.set_system(self.chat_id, text)
             self.notify("system prompt set" if text else "system prompt cleared")
 
-    def _say_auto_switch(self) -> None:
-        """`--repick auto` decides again as the chat goes on (after a reply): say so when it switched."""
-        try:
-            snap = self.engine.snapshot()
-        except Exception:  # noqa: BLE001 - e.g. the engine is closing
-            return
-        every, auto = int(getattr(snap, "repick_every", 0)), getattr(snap, "repick_auto", "")
-        if every != self._repick_seen and auto:
-            self.notify(auto, title="re-pick (auto)", timeout=12)
-        self._repick_seen = every
-
     def _say_new_notices(self) -> None:
         """The engine's notices not shown yet (at start; after a reply, e.g. the automatic profile's)."""
-        notices = list(getattr(self.engine, "notices", []))
+        notices = list(self.engine.notices)
         for n in notices[self._notices_seen:]:
             self.notify(n, timeout=8)
         self._notices_seen = len(notices)
-
-    def action_models(self) -> None:
-        from .screens.models import open_picker
-
-        open_picker(self)
-
-    def action_toggle_repick(self) -> None:
-        if not hasattr(self.engine, "set_repick"):
-            return
-        cfg = getattr(self.engine, "cfg", None)
-        on = bool(getattr(cfg, "repick_every", 0))
-        self.notify(self.engine.set_repick(0 if on else 16))
-        self._repick_seen = 0 if on else 16
 
     def action_toggle_inspector(self) -> None:
         self._user_toggled = True
@@ -408,7 +303,7 @@ class MoeslotsApp(App[None]):
             snap = self.engine.snapshot()
         except Exception:  # noqa: BLE001 - e.g. the engine is closing
             return
-        rec = f" ● REC {getattr(self.engine, 'recorded_tokens', 0)} tok" if snap.recording else ""
+        rec = f" ● REC {self.engine.recorded_tokens} tok" if snap.recording else ""
         slots = len(snap.layers[0].slot_experts) if snap.layers else 0
         mtp = f" · MTP {snap.mtp_accepted}/{snap.mtp_drafted}" if snap.mtp_drafted else ""
         title = f"moeslots · {slots} slots{mtp}{rec}"

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Label, Sparkline, Static
 
+from ..engine.api import Snapshot
 from .widgets.heatmap import SlotHeatmap
 from .widgets.splitbar import SplitBar
 
@@ -44,30 +45,30 @@ class Inspector(Vertical):
             apply(value)
             self.updates += 1
 
-    def show(self, snap: Any) -> None:
+    def show(self, snap: Snapshot) -> None:
         q = self.query_one
         self._put("load", snap.load_line, q("#load-line", Static).update)
         self._put("toks", f"{snap.tok_s_last:.1f}", q("#toks", Digits).update)
         self._put("history", tuple(snap.tok_s_rolling) or (0.0,),
                   lambda v: setattr(q("#toks-history", Sparkline), "data", list(v)))
-        mtp_line = getattr(snap, "mtp_line", "")
+        mtp_line = snap.mtp_line
         acc = (f"   MTP accept {snap.mtp_accepted / snap.mtp_drafted:.2f}"
                if snap.mtp_drafted and not mtp_line else "")
         reread = ("   re-read the whole chat (recurrent memory: no checkpoint fit)"
-                  if getattr(snap, "reread", False) else "")
+                  if snap.reread else "")
         self._put("prompt", f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}{reread}", q("#prompt-speed", Static).update)
         self._put("mtp", mtp_line, self._show_mtp)
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
         self._put("uploads", f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "
                   f"{snap.cpu_experts_per_token:.1f}   pack {snap.pack_bytes / 2**20:.0f} MiB",
                   q("#uploads", Static).update)
-        n_rp = getattr(snap, "repicks", 0)
+        n_rp = snap.repicks
         repick = (f"   re-picks {n_rp}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB "
                   f"({snap.repick_mb / n_rp:.1f} MB each)" if n_rp else "")
-        if getattr(snap, "repick_auto", ""):
-            every = getattr(snap, "repick_every", 0)
+        if snap.repick_auto:
+            every = snap.repick_every
             repick += f"   auto: {f'every {every}' if every else 'static'}"
-        self._put("whatif", (getattr(snap, "whatif", "") or "") + repick, q("#whatif", Static).update)
+        self._put("whatif", snap.whatif + repick, q("#whatif", Static).update)
         self._put("heatmap", tuple((ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share)
                                    for ls in snap.layers), lambda v: q(SlotHeatmap).update_layers(list(v)))
 

@@ -62,6 +62,12 @@ class Store:
         self.db.commit()
         return str(row[2])
 
+    def drop_last_user_message(self, chat: int) -> None:
+        """A question taken back (Esc before any reply text): the chat's last user message goes."""
+        self.db.execute("DELETE FROM messages WHERE id = (SELECT MAX(id) FROM messages WHERE chat = ? AND "
+                        "role = 'user')", (chat,))
+        self.db.commit()
+
     def system(self, chat: int) -> str:
         row = self.db.execute("SELECT system FROM chats WHERE id = ?", (chat,)).fetchone()
         return row[0] if row else ""

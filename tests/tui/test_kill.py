@@ -84,7 +84,7 @@ async def test_killed_mid_reply_keeps_every_finished_turn(tmp_path: Path) -> Non
     stored = _check_history(db, done)
     assert len(stored) == 7 and stored[-1][0] == "user"          # the 4th question, its reply cut mid-stream
 
-    from test_app import FakeEngine
+    from fakes import FakeEngine
 
     app = MoeslotsApp(FakeEngine(), store=Store(db))             # reopened: history back, the question in the prompt
     async with app.run_test(size=(140, 40)) as pilot:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
-from test_app import FakeEngine  # noqa: I001  (tests/tui is on sys.path)
+from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
 from textual.widgets import DataTable
 
 from moeslots.engine import hardware

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_app import FakeEngine  # noqa: I001  (tests/tui is on sys.path)
+from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
 
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store

@@ -19,6 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 from ...engine import discovery
+from ...engine.api import Engine, Snapshot
+from ...engine.errors import EngineError
 
 if TYPE_CHECKING:
     from ..app import MoeslotsApp
@@ -94,24 +96,27 @@ class ModelsScreen(ModalScreen["Path | None"]):
 
 
 class Switching:
-    """Stands in for the engine while one is closed and the next opened (the app is marked busy meanwhile, so the
-    chat, slot and model keys wait): the inspector draws an empty cache, nothing touches a freed model."""
+    """Stands in for the engine (engine.api.Engine) while one is closed and the next opened (the app is marked busy
+    meanwhile, so the chat, slot and model keys wait): the inspector draws an empty cache, nothing touches a freed
+    model."""
+
+    profile: Path | None = None
+    recorded_tokens = 0
 
     def __init__(self, path: Path):
         self.load_line = f"opening {path.name}…"
         self.notices: list[str] = []
 
-    def snapshot(self) -> Any:
-        from ...engine.engine import Snapshot
-
+    def snapshot(self) -> Snapshot:
         return Snapshot("", self.load_line, (), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0, 0, 0, False, True)
 
     def _busy(self, *a: Any, **k: Any) -> Any:
-        from ...engine.errors import EngineError
-
         raise EngineError("switching models: a moment")
 
-    chat = set_slots = stop_recording = _busy
+    chat = set_slots = slots_info = set_repick = stop_recording = use_profile = _busy
+
+    def profile_overlap(self, path: Path) -> float | None:
+        return None
 
     def start_recording(self) -> None:
         pass
@@ -174,12 +179,12 @@ def _switch(app: "MoeslotsApp", path: Path) -> None:
     app.call_from_thread(_switched, app, new, path, "")
 
 
-def _switched(app: "MoeslotsApp", engine: Any, path: Path, error: str) -> None:
+def _switched(app: "MoeslotsApp", engine: Engine, path: Path, error: str) -> None:
     app.engine, app.model_path, app.model_name = engine, path, path.name
     app._generating = False
     app.sub_title = path.name
     app._notices_seen = 0
-    app._repick_seen = int(getattr(getattr(engine, "cfg", None), "repick_every", 0) or 0)
+    app._repick_seen = engine.snapshot().repick_every
     if error:
         app.notify(error, severity="error", timeout=12)
     else:

@@ -1,0 +1,101 @@
+"""The app's keys that change the engine: the slots (Ctrl+S), recording a profile (Ctrl+R), re-picking (F3, and
+what `--repick auto` decides after a reply), the model picker (F4). A mixin of MoeslotsApp (tui/app.py), which
+holds `engine` (engine.api.Engine), the chat store and the busy flag these read."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual import work
+
+from .screens.modals import NameScreen, SlotsScreen
+from .store import data_dir
+
+if TYPE_CHECKING:
+    from ..engine.api import Engine
+
+
+class EngineActions:
+    engine: "Engine"
+    remember: bool
+    _generating: bool
+    _repick_seen: int
+
+    @work(exclusive=True, group="modal")
+    async def action_slots(self) -> None:
+        if self._generating:
+            self.notify("stop the reply first (Esc)", severity="warning")
+            return
+        snap = self.engine.snapshot()
+        cur = str(len(snap.layers[0].slot_experts)) if snap.layers and snap.layers[0].slot_experts else "0"
+        value = await self.push_screen_wait(SlotsScreen(cur, self.engine.slots_info()))
+        if value is not None:
+            self.apply_slots(value)
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def apply_slots(self, value: str) -> None:
+        try:
+            line = self.engine.set_slots(value if value == "auto" else int(value))
+        except Exception as e:  # noqa: BLE001 - notified, state kept
+            self.call_from_thread(self.notify, f"slots unchanged: {e}", severity="error", timeout=10)
+            return
+        self.call_from_thread(self.notify, line)
+        if self.remember:
+            from . import config
+
+            try:
+                profile = self.engine.profile
+                config.save_app({"slots": value, "profile": str(profile) if profile else None})
+            except (OSError, config.ConfigError) as e:
+                self.call_from_thread(self.notify, f"could not save the config: {e}", severity="warning")
+
+    @work(exclusive=True, group="modal")
+    async def action_record(self) -> None:
+        if not self.engine.snapshot().recording:
+            self.engine.start_recording()
+            self.notify("recording routing: chat as usual, Ctrl+R again to save the profile")
+            return
+        default = str(data_dir() / "profiles" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+        name = await self.push_screen_wait(NameScreen("Save the recorded profile as:", default))
+        if name is None:
+            self.notify("still recording (Esc kept it going)")
+            return
+        try:
+            t = self.engine.stop_recording(Path(name).expanduser())
+        except Exception as e:  # noqa: BLE001
+            self.notify(f"could not save the profile: {e}", severity="error", timeout=10)
+            return
+        msg = f"saved {name}: {t.decode_tokens} decode tokens, {t.n_rows} routing rows"
+        ov = self.engine.profile_overlap(Path(name).expanduser())
+        if ov is not None:
+            msg += f"; top-slot overlap with the active profile {100 * ov:.0f} %"
+        self.notify(msg, timeout=10)
+        if t.decode_tokens:
+            answer = await self.push_screen_wait(NameScreen("Apply this profile to the slots now? (yes/no)", "yes"))
+            if answer and answer.lower().startswith("y"):
+                self.engine.use_profile(Path(name).expanduser())
+                snap = self.engine.snapshot()
+                n = len(snap.layers[0].slot_experts) if snap.layers and snap.layers[0].slot_experts else 0
+                self.apply_slots(str(n) if n else "auto")
+
+    def _say_auto_switch(self) -> None:
+        """`--repick auto` decides again as the chat goes on (after a reply): say so when it switched."""
+        try:
+            snap = self.engine.snapshot()
+        except Exception:  # noqa: BLE001 - e.g. the engine is closing
+            return
+        if snap.repick_every != self._repick_seen and snap.repick_auto:
+            self.notify(snap.repick_auto, title="re-pick (auto)", timeout=12)
+        self._repick_seen = snap.repick_every
+
+    def action_models(self) -> None:
+        from .screens.models import open_picker
+
+        open_picker(self)
+
+    def action_toggle_repick(self) -> None:
+        on = bool(self.engine.snapshot().repick_every)
+        self.notify(self.engine.set_repick(0 if on else 16))
+        self._repick_seen = 0 if on else 16
