@@ -78,3 +78,27 @@ class FakeEngine:
 
     def close(self) -> None:
         pass
+
+
+class FastEngine(FakeEngine):
+    """Replies with `n` tokens as fast as it can: the app must not redraw per token."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.load_line = "fake"
+        self._snap = Snapshot("fake", "fake", (LayerSnapshot(1, (0, 1), (1, 1), (1, 1), 0.5, 0.5),), 0.5, 1.0, 0.0,
+                              0.0, (), 0.0, 0, 0, 0, False, False)
+
+    def chat(self, messages, cancel=None):  # noqa: ANN001, ANN201
+        words = []
+        for i in range(self.n):
+            w = f"w{i}" + ("\n\n" if i % 40 == 39 else " ")
+            words.append(w)
+            yield TextDelta(w)
+            if i % 10 == 0:
+                time.sleep(0.004)                           # 4000 tokens in about 2 s
+        yield Done(TurnStats(1, 0.01, self.n, 0.5, False, 0.5), "".join(words))
+
+    def snapshot(self) -> Snapshot:
+        return self._snap

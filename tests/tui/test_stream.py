@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FastEngine  # noqa: I001  (tests/ is on sys.path)
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -96,40 +97,6 @@ async def test_live_tail_rewraps_only_the_open_line(monkeypatch) -> None:  # noq
         assert view.markdown.final == "para one\n\nopen block" and not tail.display
         await view.write("late")                                # a write after the end shows nothing
         assert view.markdown.appended == ["para one\n\n"] and tail.text == ""
-
-
-class FastEngine:
-    """Replies with `n` tokens as fast as it can (tests only): the app must not redraw per token."""
-
-    def __init__(self, n: int) -> None:
-        from moeslots.engine.engine import LayerSnapshot, Snapshot
-
-        self.n = n
-        self.load_line = "fake"
-        self.notices: list[str] = []
-        self._snap = Snapshot("fake", "fake", (LayerSnapshot(1, (0, 1), (1, 1), (1, 1), 0.5, 0.5),), 0.5, 1.0, 0.0,
-                              0.0, (), 0.0, 0, 0, 0, False, False)
-
-    def chat(self, messages, cancel=None):  # noqa: ANN001, ANN201
-        from moeslots.engine.engine import Done, TextDelta, TurnStats
-
-        words = []
-        for i in range(self.n):
-            w = f"w{i}" + ("\n\n" if i % 40 == 39 else " ")
-            words.append(w)
-            yield TextDelta(w)
-            if i % 10 == 0:
-                time.sleep(0.004)                           # 4000 tokens in about 2 s
-        yield Done(TurnStats(1, 0.01, self.n, 0.5, False, 0.5), "".join(words))
-
-    def snapshot(self):  # noqa: ANN201
-        return self._snap
-
-    def new_chat(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 async def test_the_app_updates_at_a_bounded_rate(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
