@@ -3,17 +3,18 @@
 # 160x48, beside the same Engine without it: same model, slots, threads, MTP setting) on the big synthetic glm4moe +
 # NextN of common.sh ($G: 48 layers, 128 experts, 8 used, Q4_K), 64 slots per layer, MTP off, on (adaptive: drafting
 # goes off below the measured break-even) and always, at the app's default threads (physical cores minus one) and at
-# 16. Done when the app is >= 95 % of the engine in every row.
+# 16, 14 and 12 (an earlier run found one spare core too few at ~14 ms per token). Done when the app is >= 95 % of
+# the engine in every row at the default threads.
 # Needs the CUDA engine installed (`moeslots doctor` says patched; scripts/h200/first-run.sh installs one). From the
 # repository root:
 #   bash scripts/h200/app-speed.sh MODEL [PROFILE]
 # MODEL is written with `moeslots synth -o MODEL $G` when missing; PROFILE (a routing trace of MODEL) is recorded when
-# not given. THREADS="default 16", N=128 (tokens per reply), REPLIES=5 override the runs.
+# not given. THREADS="default 16 14 12", N=128 (tokens per reply), REPLIES=5 override the runs.
 # $OUT: app-speed.txt (log and table), bench.tgz (a JSON per row, the recorded profile).
 set -u
 . "$(dirname "$0")/common.sh"
 MODEL=${1:-/tmp/mtp.gguf}; PROFILE=${2:-}
-THREADS=${THREADS:-"default 16"}; N=${N:-128}; REPLIES=${REPLIES:-5}
+THREADS=${THREADS:-"default 16 14 12"}; N=${N:-128}; REPLIES=${REPLIES:-5}
 {
 echo "== $(date +%T) machine"; nproc; nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader
 cd /tmp
