@@ -1,5 +1,5 @@
 """What scripts/repick_predict.py and scripts/live_auto_sim.py share: the big model's shape and a calibration's
-costs from the command line, routing replayed onto that shape as `moeslots bench --repick` replays it, and the
+costs from the command line, routing replayed onto that shape as `moeslots bench repick` replays it, and the
 "hit % / MB uploaded per token / est. ms per token" cell."""
 
 from __future__ import annotations

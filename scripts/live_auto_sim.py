@@ -1,5 +1,5 @@
 """What live `--repick auto` would do on a big model, next to the fixed policies: routing replayed as
-`moeslots bench --repick` replays it (bundled traces mapped onto n_expert/k, or uniform), the plan from the first
+`moeslots bench repick` replays it (bundled traces mapped onto n_expert/k, or uniform), the plan from the first
 --profile-rows rows, then a session of the next --tokens. Policies: static; re-pick every 16; auto decided once at
 load (choose_repick on the profile rows); live auto (that decision, then choose_repick_from every --every tokens,
 as the engine does after a reply); the best fixed interval in hindsight. Cells: hit % / MB uploaded per token / est.

@@ -1,4 +1,4 @@
-"""The simulator's prediction for `moeslots bench --repick` on a big model, from a calibration: routing replayed
+"""The simulator's prediction for `moeslots bench repick` on a big model, from a calibration: routing replayed
 as the benchmark replays it (bundled traces mapped onto n_expert/k, or uniform), plan from the first
 --profile-rows rows, the next --tokens simulated with the engine's re-pick rule. Prints markdown rows:
 hit rate / MB uploaded per token / est. ms per token for static and each interval.

@@ -1,4 +1,4 @@
-"""Markdown table from `moeslots bench --repick ... --json` files: one row per (routing, slots, policy), one column
+"""Markdown table from `moeslots bench repick ... --json` files: one row per (routing, slots, policy), one column
 per run, each cell "tok/s (mean ms/token / the simulator's ms/token)". The simulator's ms/token is recomputed from
 the row's simulated hits and uploads with the calibration given (pinned or pageable rate per run, as the run
 loaded the model), so runs made before the calibration compare on the same costs.
@@ -7,7 +7,7 @@ loaded the model), so runs made before the calibration compare on the same costs
 
 Hit rates and MB per token come from the first run holding the row (replays are deterministic; overlapped runs
 differ and belong in a table of their own). JSONs written before the bench recorded its MoE layer count need
---moe-layers (47 for the realistic-shape synthetic of docs/benchmarks.md).
+--moe-layers (47 for the realistic-shape synthetic of docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-# Sourced by the H200 scripts (owed.sh, mtp-repick.sh) from the repository root: where results go, how moeslots
-# runs there, the realistic-shape synthetic model's flags, the bundled model and its traces.
+# Sourced by the H200 scripts (measure.sh, cache-bench.sh, app-speed.sh) from the repository root: where results go
+# ($OUT), how moeslots runs there ($M: the package and engine installed into /tmp/site), the 30B-A3B-shape synthetic
+# model's flags ($G: glm4moe, 48 layers, 128 experts, 8 used, Q4_K, NextN), the bundled model and its traces.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=$(pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg

@@ -6,7 +6,7 @@
 # SOURCE_DIR  the patched source written on a machine with internet by
 #             `moeslots engine build --export-source SOURCE_DIR` (the folder holding MOESLOTS_SOURCE.json)
 # MODEL.gguf  a big synthetic model; written here first when the file does not exist (the realistic
-#             glm4moe shape of docs/benchmarks.md: 48 layers, 128 experts, 8 used, Q4_K, NextN block)
+#             glm4moe shape of docs/performance.md: 48 layers, 128 experts, 8 used, Q4_K, NextN block)
 # N_TOKENS    decode tokens per session (default 256)
 #
 # It shows:

@@ -27,13 +27,13 @@ for step in $STEPS; do
 case $step in
 bench)
   log "stock vs 124 slots, pinned, uniform routing"
-  time $M bench "$Q" --repick 0 --slots 0,124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/slots.json" ;;
+  time $M bench repick "$Q" --every 0 --slots 0,124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/slots.json" ;;
 mtp)
   log "cache + MTP, random head"
-  time $M bench "$Q" --mtp 1 --slots 124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/mtp-random.json"
+  time $M bench mtp "$Q" --drafts 1 --slots 124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/mtp-random.json"
   synth "$C" --const-head
   log "cache + MTP, constant head (every draft accepted)"
-  time $M bench "$C" --mtp 1 --slots 124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/mtp-const.json"
+  time $M bench mtp "$C" --drafts 1 --slots 124 --replay uniform -n 128 --threads 16 --no-mmap --json "$OUT/mtp-const.json"
   rm -f "$C" ;;
 app)
   log "the app, five turns"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bundled model, end to end, on the H200 box (no internet needed): corpus -> tokenizer -> train -> export ->
 # validate. Every stage that already has its output is skipped and training resumes from WORK/ckpt.pt, so the
-# command can be repeated in runs of under 10 minutes until the model is good enough.
+# command can be repeated in short runs (MINUTES each) until the model is good enough.
 #
 #   scripts/train/run.sh WORK [MINUTES] [train-only]
 #

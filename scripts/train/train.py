@@ -1,8 +1,8 @@
 """Train the bundled model: next-token + next-next-token (NextN) loss, time-budgeted and resumable.
 
 Every run continues from <out>/ckpt.pt when it exists (model, optimizer, step, tokens seen) and stops cleanly
-after --minutes (checkpoint every --save-every seconds and at the end), so training fits the device's
-10-minute commands. The learning rate follows a warm-up + cosine over the run's own time budget; a resumed run
+after --minutes (checkpoint every --save-every seconds and at the end), so training can run in short pieces on a
+shared GPU box. The learning rate follows a warm-up + cosine over the run's own time budget; a resumed run
 starts its cosine at --resume-lr-scale of the peak. Besides ckpt.pt it writes weights.pt (float16 weights,
 selection biases and config: what the exporter needs) and a log line every --log-every steps.
 """

@@ -71,7 +71,7 @@ def test_ten_thousand_steps_switching(tiny_qwen: Path) -> None:
 
 
 def test_overlap_is_off_by_default() -> None:
-    """Patch 0014 and EngineConfig: the H200 numbers showed no gain (docs/benchmarks.md), so it is opt-in."""
+    """Patch 0014 and EngineConfig: the H200 numbers showed no gain (docs/performance.md), so it is opt-in."""
     import subprocess
     import sys
 

@@ -91,7 +91,7 @@ def test_restore_puts_the_plan_back(tiny_qwen: Path) -> None:
 
 
 def test_repick_bench_runs_live_auto_as_the_simulator_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`bench --repick auto`: the interval chosen from the profile rows, then again every `auto_every` tokens;
+    """`bench repick --every auto`: the interval chosen from the profile rows, then again every `auto_every` tokens;
     the engine's hits equal the simulator's on the same schedule, and the switches are in the row."""
     from moeslots.engine import bundled
     from moeslots.profiles import repick as chooser

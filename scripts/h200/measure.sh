@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The H200 box's engine measurements, step by step (docs/performance.md quotes them; docs/lab/ has each run). From the
+# repository root, with the exported engine source in .export/ and the dependency wheels in .whl/ (the box has no
+# internet; docs/engine-build.md), or a CUDA engine wheel built earlier in .wheel/ (then no ~4-minute build):
+#   STEPS="diag async heads" bash scripts/h200/measure.sh
+#   STEPS="repick pinned overlap live long" bash scripts/h200/measure.sh
+# Steps run in the order given; BUDGET (seconds from the start, default 3600) stops a step that would not finish in
+# time, so a box held for a limited time still returns what it measured. A second run on the same machine reuses
+# /tmp/site (the CUDA engine) and the synthetic models.
+# Steps: diag (the bundled model on CUDA: slots vs stock logits, <= 4-token batches; MTP on the trained head),
+# async (--async-cpu on/off: decode at 0/32/64/96 slots with a 512-token prompt, and with MTP), heads (where the NextN
+# block's experts live: slots/host/gpu, const head), repick (static vs re-pick, pageable uploads, code/chat/uniform
+# routing), pinned (the same from pinned host memory, chat/uniform), repick15 (re-pick 1/16, pageable and pinned),
+# live (live --repick auto, matched and mismatched profiles, 1,024 tokens), long (re-pick 100/500 over 1,024
+# tokens, pinned), overlap (re-pick copies overlapping decode, pageable and pinned), calib (this machine's costs).
+# Model: the 30B-A3B-shape glm4moe + NextN of common.sh ($G); routing replayed from the bundled model's traces.
+# $OUT: measure.txt (log), bench.tgz (every JSON written so far; repacked after each step), wheel.part-* and
+# wheel.name (the CUDA engine wheel when one was built: `cat wheel.part-* > .wheel/$(cat wheel.name)` reuses it).
+set -u
+START=$(date +%s); BUDGET=${BUDGET:-3600}
+. "$(dirname "$0")/common.sh"
+left() { echo $(( START + BUDGET - $(date +%s) )); }
+# run NAME MAX_S CMD...: with a timeout of min(MAX_S, what is left); skipped when under 20 s is left
+run() {
+  local name=$1 max=$2; shift 2
+  local l; l=$(left); [ "$max" -lt "$l" ] && l=$max
+  if [ "$l" -lt 20 ]; then echo "-- $(date +%T) SKIP $name (no time left)"; return; fi
+  echo "-- $(date +%T) $name (limit ${l}s)"
+  time timeout "$l" "$@"; echo "-- rc $? $name"; pack
+}
+{
+echo "== $(date +%T) machine"; nproc; nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader
+if [ -f /tmp/site/.moeslots-cuda ]; then
+  echo "== warm machine: reusing /tmp/site (CUDA engine), models: $(ls /tmp/*.gguf 2>/dev/null | tr '\n' ' ')"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . 2>&1 | grep -v WARN
+  BUILD=""
+elif ls .wheel/*.whl >/dev/null 2>&1; then
+  echo "== installing the CUDA engine wheel in .wheel/"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .wheel/*.whl 2>&1 | grep -v WARN
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+  touch /tmp/site/.moeslots-cuda; BUILD=""
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+  ( cd /tmp && time $M engine build --cuda --from-source "$R/.export/llama_cpp_python-0.3.36" > $B/build.txt 2>&1; rc=$?
+    echo "build rc $rc" >> $B/build.txt; [ $rc = 0 ] && touch /tmp/site/.moeslots-cuda ) &
+  BUILD=$!
+fi
+S1=""; S2=""
+[ -f /tmp/mtp.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtp.part.gguf $G > $B/synth.txt 2>&1 && mv /tmp/mtp.part.gguf /tmp/mtp.gguf; echo "synth rc $?" >> $B/synth.txt ) & S1=$!; }
+case " $STEPS " in *" heads "*)
+[ -f /tmp/mtpc.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtpc.part.gguf $G --const-head > $B/synth-const.txt 2>&1 && mv /tmp/mtpc.part.gguf /tmp/mtpc.gguf; echo "synth rc $?" >> $B/synth-const.txt ) & S2=$!; } ;;
+esac
+[ -n "$BUILD" ] && { wait $BUILD; tail -4 $B/build.txt
+  # the built wheel goes to $OUT, for .wheel/ on a later run (no build)
+  W=$(ls -S ~/.cache/moeslots/wheels/*/*.whl 2>/dev/null | head -1); [ -n "$W" ] && ls -la "$W"
+  if [ -n "$W" ]; then split -b 15m "$W" "$OUT/wheel.part-"; basename "$W" > "$OUT/wheel.name"; fi; }
+cd /tmp
+$M doctor | head -3
+echo 'What does `json.dumps` do?' > /tmp/q.txt
+for step in $STEPS; do
+echo "== $(date +%T) step $step ($(left) s left)"
+case $step in
+diag)
+  run diagnose 90 python3 -P $R/scripts/h200/diagnose_tiny.py > $B/diagnose.txt 2>&1; cat $B/diagnose.txt | tail -30
+  run mtp-tiny 60 $M bench mtp $TINY --drafts 1,2,3 --slots 0,16 -n 128 --threads 16 --prompt-file /tmp/q.txt --json $B/mtp-tiny.json ;;
+async)
+  [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
+  run async-on 100 $M bench decode /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --async-cpu --json $B/async-on.json
+  run async-off 100 $M bench decode /tmp/mtp.gguf --slots 0,32,64,96 -n 64 --prompt-len 512 --threads 16 --no-async-cpu --json $B/async-off.json
+  run async-mtp-on 50 $M bench mtp /tmp/mtp.gguf --drafts 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --async-cpu --json $B/async-mtp-on.json
+  run async-mtp-off 50 $M bench mtp /tmp/mtp.gguf --drafts 1 --slots 64 -n 64 --threads 16 --mtp-head gpu --no-async-cpu --json $B/async-mtp-off.json ;;
+heads)
+  [ -n "$S2" ] && { wait $S2; tail -2 $B/synth-const.txt; S2=""; }
+  for H in host gpu slots; do
+    run head-$H 45 $M bench mtp /tmp/mtpc.gguf --drafts 1,3 --slots 64 -n 96 --threads 16 --mtp-head $H --json $B/mtp-const-$H.json
+  done ;;
+calib)
+  [ -n "$S1" ] && { wait $S1; S1=""; }
+  run calibrate 90 $M doctor --calibrate /tmp/mtp.gguf --threads 16; cp /tmp/cfg/moeslots/config.toml $B/calibration.toml ;;
+repick)
+  [ -n "$S1" ] && { wait $S1; tail -2 $B/synth.txt; S1=""; }
+  run repick-mmap 240 $M bench repick /tmp/mtp.gguf --every 0,1,16,100 --slots 19,32,64 --replay $P-code.csv,$P-chat.csv,uniform -n 256 --threads 16 --json $B/repick-mmap.json ;;
+pinned)   # chat at 64 slots from pinned memory: where re-picking pays (docs/performance.md)
+  run repick-pinned 200 $M bench repick /tmp/mtp.gguf --every 0,16,100,500 --slots 32,64 --replay $P-chat.csv,uniform -n 256 --threads 16 --no-mmap --json $B/repick-pinned.json ;;
+repick15)  # re-pick 1/16: the per-re-pick fixed cost (patch 0015: no graph rebuild per re-pick)
+  run repick15-mmap 120 $M bench repick /tmp/mtp.gguf --every 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --json $B/repick15-mmap.json
+  run repick15-pinned 150 $M bench repick /tmp/mtp.gguf --every 0,1,16 --slots 64 --replay $P-code.csv,$P-chat.csv -n 256 --threads 16 --no-mmap --json $B/repick15-pinned.json ;;
+live)      # live --repick auto vs static and re-pick 16, pinned; the mismatched profile is where the simulator sees gains
+  run live-matched 200 $M bench repick /tmp/mtp.gguf --every 0,16,auto --slots 32,64 --replay $P-chat.csv -n 1024 --threads 16 --no-mmap --json $B/repick-live-matched.json
+  run live-chat-code 200 $M bench repick /tmp/mtp.gguf --every 0,16,auto --slots 32,64 --replay $P-chat.csv -n 1024 --threads 16 --no-mmap --profile-from $P-code.csv --json $B/repick-live-chat-code.json
+  run live-code-chat 200 $M bench repick /tmp/mtp.gguf --every 0,16,auto --slots 32,64 --replay $P-code.csv -n 1024 --threads 16 --no-mmap --profile-from $P-chat.csv --json $B/repick-live-code-chat.json ;;
+long)      # re-pick 500 fires twice in 1,024 tokens (profile rows 1,024 + 1,040 replayed: both traces have them)
+  run repick-long 300 $M bench repick /tmp/mtp.gguf --every 0,100,500 --slots 32,64 --replay $P-chat.csv,$P-code.csv -n 1024 --threads 16 --no-mmap --json $B/repick-long.json ;;
+overlap)
+  run overlap-mmap 100 $M bench repick /tmp/mtp.gguf --every 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json
+  run overlap-pinned 100 $M bench repick /tmp/mtp.gguf --every 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json ;;
+esac
+done
+echo "== $(date +%T) done ($(left) s left)"
+} 2>&1 | tee "$OUT/measure.txt"
