@@ -11,6 +11,7 @@ of it (tests/fakes.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, Union
@@ -53,6 +54,40 @@ class EngineConfig:
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How a reply's tokens are drawn (per chat in the app). temperature 0 is greedy: the argmax, exactly, whatever
+    top_p says. Else a draw from softmax(logits / temperature) cut to its nucleus: the most likely tokens whose
+    probability reaches top_p (1: all). seed None: each reply draws afresh; a number: each reply starts from that
+    seed (a reply repeats exactly when MTP drafting is off: drafts use draws too)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def problem(self) -> str | None:
+        """What is wrong with these settings, in one line; None when they are usable."""
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and 0 <= self.temperature <= 5):
+            return f"temperature {self.temperature}: use a number from 0 (greedy) to 5"
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            return f"top-p {self.top_p}: use a number above 0 and at most 1 (1: no cut)"
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            return f"seed {self.seed}: use a whole number from 0 to 2^63-1, or none"
+        return None
+
+    def line(self) -> str:
+        """e.g. "greedy", "T 0.7 · top-p 0.9 · seed 42"."""
+        if self.greedy:
+            return "greedy"
+        return " · ".join([f"T {self.temperature:g}", *([f"top-p {self.top_p:g}"] if self.top_p < 1 else []),
+                           f"seed {self.seed}" if self.seed is not None else "random seed"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +160,7 @@ class Snapshot:
     repick_auto: str = ""                 # `--repick auto`: its last decision and why ("" when not on auto)
     reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
     mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
+    n_expert: int = 0                     # experts per layer of the model (0: not known)
 
 
 class Engine(Protocol):
@@ -139,8 +175,8 @@ class Engine(Protocol):
     @property
     def recorded_tokens(self) -> int: ...             # decode tokens recorded since start_recording()
 
-    def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None
-             ) -> Iterator[Union[TextDelta, Done]]: ...
+    def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
+             sampling: Sampling | None = None) -> Iterator[Union[TextDelta, Done]]: ...   # None: greedy
     def snapshot(self) -> Snapshot: ...
     def new_chat(self) -> None: ...
     def set_slots(self, plan_or_n: Union[int, str, SlotPlan, None]) -> str: ...   # returns the new load line

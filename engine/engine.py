@@ -27,7 +27,7 @@ from . import native, recurrent
 from . import recent as recent_mod
 from . import slots as slots_mod
 from . import stats as stats_mod
-from .api import Done, EngineConfig, LayerSnapshot, Message, Snapshot, TextDelta, TurnStats
+from .api import Done, EngineConfig, LayerSnapshot, Message, Sampling, Snapshot, TextDelta, TurnStats
 from .cache import SlotPlan
 from .errors import EngineError
 from .model import Context, Detokenizer, LoadOptions, Model
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from ..profiles.costs import CostModel
     from ..profiles.trace import Trace
 
-__all__ = ["Done", "Engine", "EngineConfig", "LayerSnapshot", "Message", "Snapshot", "TextDelta", "TurnStats"]
+__all__ = ["Done", "Engine", "EngineConfig", "LayerSnapshot", "Message", "Sampling", "Snapshot", "TextDelta",
+           "TurnStats"]
 
 
 class Engine:
@@ -81,6 +82,7 @@ class Engine:
         self._upload_bytes = 0
         self._generating = False
         self._rng = np.random.default_rng(cfg.seed)
+        self._turn = (Sampling(cfg.temperature), self._rng)   # this reply's sampling and its draws (chat())
         self.load_line = "expert cache: off"
         self._rec: Recorder | None = None             # routing rows recorded so far (while recording)
         self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
@@ -129,6 +131,9 @@ class Engine:
         with self._lock:
             self._plan, self.load_line = plan, line
             self.residency.plan_applied(plan, spare)
+        # the what-if line is for the slots in force: the new plan on the recent routing, now (not after a reply)
+        self._whatif = (whatif_line(self.ctx.read_stats(), plan, self.model.facts.n_expert, measured=False) or "",
+                        self._decode_tokens)
         return line
 
     def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
@@ -184,12 +189,17 @@ class Engine:
         return render_chat(self.model, messages)
 
     def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
-             max_tokens: int | None = None) -> Iterator[Union[TextDelta, Done]]:
+             max_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[Union[TextDelta, Done]]:
+        """A reply, streamed. sampling: this reply's (None: greedy, or EngineConfig.temperature)."""
+        s = sampling or Sampling(self.cfg.temperature)
+        if s.problem():
+            raise EngineError(f"sampling: {s.problem()}")
         if not self._busy.acquire(blocking=False):
             raise EngineError("a reply is already being generated")
         try:
             with self._lock:
                 self._generating = True
+            self._turn = (s, self._rng if s.seed is None else np.random.default_rng(s.seed))
             yield from self._chat(messages, cancel or threading.Event(), max_tokens or self.cfg.max_tokens)
         finally:
             with self._lock:
@@ -239,7 +249,8 @@ class Engine:
             if m.is_eog(x) or ctx.n_past + 2 + (self.mtp.n_draft if self.mtp else 0) >= ctx.n_ctx:
                 break
             if self.mtp is not None:
-                emitted = (self.mtp_auto or self.mtp).step(self._tokens, x, self.cfg.temperature, self._rng)
+                s, rng = self._turn
+                emitted = (self.mtp_auto or self.mtp).step(self._tokens, x, s.temperature, rng, s.top_p)
                 new, x = emitted[:-1], emitted[-1]
             else:
                 ctx.decode([x])
@@ -285,7 +296,8 @@ class Engine:
                              hits / (hits + miss) if hits + miss else 0.0, reread), "".join(text))
 
     def _sample(self, logits: np.ndarray) -> int:
-        return sample(logits, self.cfg.temperature, self._rng)
+        s, rng = self._turn
+        return sample(logits, s.temperature, rng, s.top_p)
 
     def new_chat(self) -> None:
         with self._busy:
@@ -362,7 +374,7 @@ class Engine:
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
-                reread=self._reread)
+                reread=self._reread, n_expert=f.n_expert)
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a

@@ -149,7 +149,7 @@ class MTP:
     # -- one speculative step ------------------------------------------------------------------------------------
 
     def step(self, history: list[int], x: int, temperature: float = 0.0,
-             rng: np.random.Generator | None = None) -> list[int]:
+             rng: np.random.Generator | None = None, top_p: float = 1.0) -> list[int]:
         """history: tokens at positions 0..n-1 (all decoded by the target); x: the target's token at n.
         Drafts, verifies, rolls back, and returns the emitted tokens [x, accepted drafts..., next]; history is
         extended with all but the last (the last is the next step's x).
@@ -157,7 +157,8 @@ class MTP:
         temperature 0: greedy (a draft is accepted when it equals the target's argmax). temperature > 0:
         speculative sampling — draft d ~ q is accepted with probability min(1, p(d)/q(d)), a rejection samples from
         max(0, p - q) renormalised, and after all drafts the next token is sampled from p — so every emitted token
-        is distributed exactly as sampling the target alone."""
+        is distributed exactly as sampling the target alone. top_p < 1 cuts p and q to their nuclei first (the
+        same rule holds for any p and q)."""
         ctx = self.target
         n = ctx.n_past
         assert n == len(history), (n, len(history))
@@ -175,7 +176,7 @@ class MTP:
         for _ in range(max(0, budget)):
             logits, h = self._draft_one(tok, pos, h)
             if sample:
-                q = softmax(logits, temperature)
+                q = softmax(logits, temperature, top_p)
                 d = int(rng.choice(q.size, p=q))
                 qs.append(q)
             else:
@@ -190,7 +191,7 @@ class MTP:
         if sample:
             nxt = -1
             while a < len(drafts):
-                p = softmax(ctx.logits(a), temperature)
+                p = softmax(ctx.logits(a), temperature, top_p)
                 d = drafts[a]
                 if rng.random() < min(1.0, p[d] / max(qs[a][d], 1e-30)):
                     a += 1
@@ -199,7 +200,7 @@ class MTP:
                 nxt = int(rng.choice(r.size, p=r / r.sum())) if r.sum() > 0 else int(rng.choice(p.size, p=p))
                 break
             if nxt < 0:
-                nxt = int(rng.choice(ctx.model.n_vocab, p=softmax(ctx.logits(a), temperature)))
+                nxt = int(rng.choice(ctx.model.n_vocab, p=softmax(ctx.logits(a), temperature, top_p)))
         else:
             ys = [ctx.argmax(i) for i in range(len(drafts) + 1)]
             while a < len(drafts) and drafts[a] == ys[a]:
@@ -233,18 +234,38 @@ def attach(model: Model, ctx: Context, n_draft: int, threads: int | None, notice
     return None
 
 
-def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+def softmax(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
+    """softmax(logits / temperature), cut to its nucleus when top_p < 1: the most likely tokens whose probability
+    reaches top_p keep theirs (renormalised), the others get 0."""
     z = logits.astype(np.float64) / temperature
     z -= z.max()
     e = np.exp(z)
-    return e / e.sum()
+    p = e / e.sum()
+    return p if top_p >= 1 else nucleus(p, top_p)
 
 
-def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    """argmax at temperature 0, else a draw from softmax(logits / temperature)."""
+NUCLEUS_FIRST = 1024      # candidates sorted first (a partition, O(vocab)); all of them only when these fall short
+
+
+def nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """p cut to the smallest set of most likely tokens (ties: lower id first) whose probability reaches top_p."""
+    n = min(NUCLEUS_FIRST, p.size)
+    cand = np.argpartition(-p, n - 1)[:n] if n < p.size else np.arange(p.size)
+    if p[cand].sum() < top_p:                    # a flat distribution: the nucleus is wider than the candidates
+        cand = np.arange(p.size)
+    order = cand[np.lexsort((cand, -p[cand]))]
+    keep = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+    out = np.zeros_like(p)
+    out[keep] = p[keep]
+    return out / out.sum()
+
+
+def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator, top_p: float = 1.0) -> int:
+    """argmax at temperature 0 (top_p does not matter), else a draw from softmax(logits / temperature) cut to
+    top_p."""
     if temperature <= 0:
         return int(np.argmax(logits))
-    p = softmax(logits, temperature)
+    p = softmax(logits, temperature, top_p)
     return int(rng.choice(p.size, p=p))
 
 

@@ -33,7 +33,7 @@ ON, OFF, PROBE = "on", "off", "probe"
 @dataclasses.dataclass
 class AdaptiveMTP:
     mtp: MTP
-    sample: Callable[[np.ndarray], int]          # the engine's sampler (argmax at temperature 0)
+    sample: Callable[[np.ndarray], int]          # the engine's sampler of this reply (argmax: greedy)
     window: int = 32                             # drafted steps whose acceptance decides
     probe_every: int = 64                        # plain tokens before the first probe once off; doubles after
     probe_max: int = 512                         # each probe that fails, up to this
@@ -100,14 +100,14 @@ class AdaptiveMTP:
     # -- stepping ---------------------------------------------------------------------------------------------
 
     def step(self, history: list[int], x: int, temperature: float = 0.0,
-             rng: np.random.Generator | None = None) -> list[int]:
+             rng: np.random.Generator | None = None, top_p: float = 1.0) -> list[int]:
         """As MTP.step: decodes x and returns [x, accepted drafts..., next]; history gets all but the last."""
         if self._plain_due > 0 or self.state == OFF:
             return self._plain(history, x)
         st = self.mtp.stats
         d0, a0 = st.drafted, st.accepted
         t0 = time.perf_counter()
-        out = self.mtp.step(history, x, temperature, rng)
+        out = self.mtp.step(history, x, temperature, rng, top_p)
         dt = time.perf_counter() - t0
         if not self._skip_timing:
             self._t_mtp.append(dt)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..profiles.simulate import simulate
+from ..profiles.simulate import resident_from_plan, simulate, static_hits, token_matrix
 from ..profiles.trace import Trace, empty, from_ring, write_csv
 from . import stats as stats_mod
 from .api import Message
@@ -43,10 +43,11 @@ class Recorder:
         return from_ring(rows, meta)
 
 
-def whatif_line(st: RoutingStats, plan: SlotPlan, n_expert: int) -> str | None:
+def whatif_line(st: RoutingStats, plan: SlotPlan, n_expert: int, measured: bool = True) -> str | None:
     """The simulator (profiles.simulate) on the recent ring: the hit rate LRU and re-elect-16 would get with the same
-    slots, beside the static plan's measured one. None when there is too little to say (a Python loop over tokens:
-    the engine runs it after a reply, never on the UI thread)."""
+    slots, beside the static plan's: measured (the native counters, after a reply), or — `measured` False, a plan
+    just applied — the plan simulated on the same ring ("est."). None when there is too little to say (a Python loop
+    over tokens: the engine runs it after a reply or a slot change, never on the UI thread)."""
     if not plan.layers:
         return None
     ring = st.ring[st.ring[:, 0] >= 0][-256 * max(1, len(plan.layers)):]
@@ -54,12 +55,17 @@ def whatif_line(st: RoutingStats, plan: SlotPlan, n_expert: int) -> str | None:
         return None
     slots = plan.slots_per_layer
     try:
-        res = {r.policy: r.hit_rate for r in simulate(from_ring(ring, {"n_expert": str(n_expert)}),
-                                                      slots, ["lru", "reelect-16"])}
-    except ValueError:
+        trace = from_ring(ring, {"n_expert": str(n_expert)})
+        res = {r.policy: r.hit_rate for r in simulate(trace, slots, ["lru", "reelect-16"])}
+        if measured:
+            static = f"static {100 * st.hit_rate:.0f} %"
+        else:
+            layers, P = token_matrix(trace)
+            hit = static_hits(P, resident_from_plan(dict(plan.layers), layers, n_expert))[0]
+            static = f"static {100 * hit:.0f} % est."
+    except ValueError:                                   # (a TraceError too: no token with rows for every layer)
         return None
-    return (f"what-if @{slots}: static {100 * st.hit_rate:.0f} %  lru {100 * res['lru']:.0f} %  "
-            f"re-elect {100 * res['reelect-16']:.0f} %")
+    return f"what-if @{slots}: {static}  lru {100 * res['lru']:.0f} %  re-elect {100 * res['reelect-16']:.0f} %"
 
 
 @dataclasses.dataclass
