@@ -135,6 +135,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         print("| " + " | ".join(f"w={w}" for w in u) + " |\n|" + "---|" * len(u))
         print("| " + " | ".join(f"{v:.2f}" for v in u.values()) + " |")
         return 0
+    if a.hybrid is not None:
+        return _simulate_hybrid(a, test, train, cost)
     policies = a.policy or [p if p != "reelect" else f"reelect-{a.reelect_k}" for p in sim.POLICIES]
     try:
         res = sim.simulate(test, a.slots, policies, train=train, reelect_k=a.reelect_k,
@@ -150,6 +152,31 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     for r in res:
         print(f"| {r.policy} | {100 * r.hit_rate:.1f} | {r.mb_per_token(cost):.1f} | {r.cpu_picks_per_token:.1f} | "
               f"{r.ms_per_token:.2f} | {1000 / r.ms_per_token:.1f} |")
+    return 0
+
+
+def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel) -> int:  # noqa: ANN001
+    from ..profiles import hybrid
+    from ..profiles.profile import from_trace
+
+    try:
+        tiers = [int(x) for x in a.hybrid.split(",") if x.strip()] if a.hybrid else None
+        layers, P = sim.token_matrix(test)
+        n_expert = max(test.n_expert, int(P.max()) + 1)
+        counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts[layers]
+        res = hybrid.sweep(P, counts, a.slots, cost, tiers)
+    except (TraceError, ValueError) as e:
+        raise UserError(str(e)) from None
+    print(f"{a.trace}: {len(P)} decode tokens; {a.slots} slots/layer = static core + dynamic tier; core from "
+          f"{a.train or a.trace + ' (in sample: --train another trace to score out of sample)'}")
+    print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
+          f"{cost.gpu_gbps} GB/s, base {cost.base_ms} ms; misses split between CPU and uploads by cost, overlapped")
+    print("| core + tier | policy | hit % | uploads now/token | prefetched/token | CPU experts/token | est. ms/token |")
+    print("|---|---|---|---|---|---|---|")
+    for r in res:
+        print(f"| {a.slots - r.tier} + {r.tier} | {r.policy} | {100 * r.hit_rate:.1f} | "
+              f"{r.sync_uploads_per_token:.1f} | {r.prefetch_per_token:.1f} | {r.cpu_picks_per_token:.1f} | "
+              f"{r.ms_per_token:.2f} |")
     return 0
 
 
@@ -192,6 +219,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="uploads (default: the H200 box's from pinned memory; pageable: 5.3)")
     si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
     si.add_argument("--base-ms", type=float, default=h200.base_ms, help="non-expert time per token")
+    si.add_argument("--hybrid", nargs="?", const="", metavar="D1,D2", help="instead: a static core plus a dynamic "
+                    "tier of D slots, each miss computed on the CPU, uploaded now or prefetched by cost (default D: "
+                    "0, S/8, S/4, S/2, S)")
     si.add_argument("--union", type=int, metavar="W", help="instead: distinct experts on the CPU per layer for "
                     "batches of 1..W tokens (what an MTP verify batch reads)")
     si.set_defaults(func=cmd_simulate)

@@ -1,0 +1,81 @@
+"""The hybrid residency simulator (static core + dynamic tier, misses split by cost): its limits are the static cache
+(no tier) and a dynamic cache (free uploads); it follows drifting routing a static plan cannot; dear uploads make
+the static core the best choice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.profiles import hybrid
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.simulate import static_hits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _uniform(T: int, L: int, E: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.argsort(rng.random((T, L, E)), axis=2)[:, :, :k].astype(np.int32)
+
+
+def _drifting(T: int, L: int, E: int, k: int, hot: int, every: int, seed: int = 1) -> np.ndarray:
+    """Each token picks k of a hot set of `hot` experts that moves to new experts every `every` tokens."""
+    rng = np.random.default_rng(seed)
+    P = np.empty((T, L, k), np.int32)
+    for t in range(T):
+        base = (t // every) * hot % E
+        for l in range(L):
+            P[t, l] = (base + rng.choice(hot, k, replace=False)) % E
+    return P
+
+
+def test_best_split_balances_cpu_and_uploads() -> None:
+    assert hybrid.best_split(8, 1.0, 1.0, 16) == 4
+    assert hybrid.best_split(8, 1.0, 1.0, 2) == 2           # no more than the tier holds
+    assert hybrid.best_split(8, 1.0, 3.0, 16) == 2          # max(2*3, 6*1) = 6 is the least
+    assert hybrid.best_split(8, 1.0, 1e-9, 16) == 8         # free uploads: all
+    assert hybrid.best_split(8, 1e-9, 1.0, 16) == 0         # free CPU: none
+    assert hybrid.best_split(0, 1.0, 1.0, 16) == 0
+
+
+def test_no_tier_is_the_static_cache() -> None:
+    P = _uniform(200, 3, 32, 4)
+    core = np.zeros((3, 32), bool)
+    core[:, :12] = True
+    r = hybrid.simulate_hybrid(P, core, 0, CostModel(slab_mb=1.0))
+    hr, cpu = static_hits(P, core)
+    assert r.policy == "static" and r.hit_rate == pytest.approx(hr) and r.cpu_picks_per_token == pytest.approx(cpu)
+    assert r.sync_uploads_per_token == r.prefetch_per_token == 0
+
+
+def test_free_uploads_make_a_dynamic_cache_with_nothing_on_the_cpu() -> None:
+    P = _uniform(200, 3, 32, 4)
+    r = hybrid.simulate_hybrid(P, np.zeros((3, 32), bool), 8, CostModel(slab_mb=1.0, pcie_gbps=1e9))
+    assert r.policy == "dynamic" and r.cpu_picks_per_token == 0
+    assert r.sync_uploads_per_token == pytest.approx(3 * 4 * (1 - r.hit_rate), rel=1e-6)
+
+
+def test_a_tier_follows_drifting_routing_and_dear_uploads_keep_the_core() -> None:
+    P = _drifting(400, 2, 64, 4, hot=8, every=50)
+    counts = np.stack([np.bincount(P[:100, l].ravel(), minlength=64) for l in range(2)])   # a stale profile
+    cheap = hybrid.sweep(P[100:], counts, 16, CostModel(slab_mb=3.0, pcie_gbps=55.0), tiers=[0, 8])
+    assert cheap[1].hit_rate > cheap[0].hit_rate + 0.3 and cheap[1].ms_per_token < cheap[0].ms_per_token
+    dear = hybrid.sweep(P[100:], counts, 16, CostModel(slab_mb=3.0, pcie_gbps=0.01), tiers=[0, 8])
+    assert dear[1].sync_uploads_per_token == 0 and dear[0].ms_per_token <= dear[1].ms_per_token
+
+
+def test_cli_simulate_hybrid(tmp_path: Path) -> None:
+    trace = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "moeslots", "simulate", str(trace), *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    r = run("--slots", "16", "--hybrid", "0,8", "--slab-mb", "0.035")
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| 16 + 0") or ln.startswith("| 8 + 8")]
+    assert len(rows) == 2 and "| static |" in rows[0] and "| hybrid |" in rows[1]
+    bad = run("--slots", "16", "--hybrid", "99")
+    assert bad.returncode == 2 and "tier 99 outside 0..16" in bad.stderr and "Traceback" not in bad.stderr
