@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
+import numpy as np
+
+from ..profiles.plan import elect
 from . import native
-
-if TYPE_CHECKING:
-    import numpy as np
 from .errors import EngineError
 
 ERR_INPUT, ERR_NO_MEMORY, ERR_UNSUPPORTED = -1, -2, -3
@@ -117,9 +117,6 @@ def elect_swaps(plan: SlotPlan, ring: "np.ndarray", n_expert: int, *, max_swaps:
                 margin: float) -> dict[int, list[tuple[int, int]]]:
     """One re-pick's election (profiles.plan.elect, the simulator's reelect rule) per layer of the plan, from the
     decode rows of the last `window` positions in the routing ring: {layer: [(slot, new expert), ...]}."""
-    import numpy as np
-
-    from ..profiles.plan import elect
 
     ring = ring[ring[:, 0] >= 0]
     if not len(ring) or not plan.layers:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
+from ..profiles.plan import auto_slots
 from . import ggufhead
 from .native import EXPERT_TENSOR_PATTERN
 
@@ -175,8 +176,6 @@ class Fit:
 def fit(m: ModelInfo, vram_free: int | None, ram_free: int | None) -> Fit:
     """Where the model would live here: vram_free is the largest GPU's free bytes (None: no GPU), ram_free
     MemAvailable (None: unknown)."""
-    from ..profiles.plan import auto_slots
-
     if m.error:
         return Fit("no", 0, m.error)
     ram_note = ""

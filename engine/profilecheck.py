@@ -11,18 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..profiles.trace import Trace, TraceError, read_csv
 from .errors import EngineError
 
 if TYPE_CHECKING:
     from .model import Model
-    from ..profiles.trace import Trace
 
 
-def read_for(model: "Model", profile: Path, notices: list[str] | None = None) -> "Trace":
+def read_for(model: "Model", profile: Path, notices: list[str] | None = None) -> Trace:
     """The profile's trace, or EngineError naming both shapes when it was recorded on another model. A notice goes to
     `notices` (once) when it has no decode rows."""
-    from ..profiles.trace import TraceError, read_csv
-
     try:
         t = read_csv(profile)
     except TraceError as e:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..profiles.simulate import token_matrix
+from ..profiles.trace import TraceError, read_csv
 from . import native
 from .errors import EngineError
 
@@ -39,8 +41,6 @@ def uniform(n_rows: int, n_layer: int, n_expert: int, k: int, seed: int = 0) -> 
 def from_trace(path: Path, n_expert: int, k: int) -> ReplayTable:
     """The decode tokens of a design-§5 trace CSV (grouped by position, see profiles.simulate.token_matrix), mapped
     onto n_expert experts (id * n_expert // trace_experts), first k ids of each row."""
-    from ..profiles.simulate import token_matrix
-    from ..profiles.trace import TraceError, read_csv
 
     try:
         tr = read_csv(Path(path))

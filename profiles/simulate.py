@@ -243,14 +243,21 @@ def reelect(P: np.ndarray, S: int, n_expert: int, K: int, window: int, initial: 
     return hits / ((T - start) * L * k), uploads / (T - start)
 
 
+def _extent(t: Trace, layers: Sequence[int]) -> int:
+    """Rows of a counts array for `t`: the simulated (decode) layers, and any layer its other rows name (a prompt
+    row may route a layer no decode row does)."""
+    return max(max(layers) + 1, int(t.layer.max()) + 1 if t.n_rows else 0)
+
+
 def simulate(test: Trace, slots: int, policies: Sequence[str] = POLICIES, *, train: Trace | None = None,
              reelect_k: int = 16, reelect_window: int = 64, cost: CostModel | None = None) -> list[SimResult]:
     cost = cost or CostModel()
     layers, P = token_matrix(test)
     n_expert = max(test.n_expert, int(P.max()) + 1)
     T, L, k = P.shape
-    train_counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
-    oracle_counts = from_trace(test, max(layers) + 1, n_expert).counts
+    src = train if train is not None else test
+    train_counts = from_trace(src, _extent(src, layers), n_expert).counts
+    oracle_counts = from_trace(test, _extent(test, layers), n_expert).counts
     profile_res = resident_from_plan(plan_from_counts(train_counts, slots, layers), layers, n_expert)
     out = []
     for pol in policies:
@@ -284,7 +291,8 @@ def distinct_per_batch(test: Trace, slots: int, *, train: Trace | None = None,
     layers, P = token_matrix(test)
     n_expert = max(test.n_expert, int(P.max()) + 1)
     T, L, k = P.shape
-    counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts
+    src = train if train is not None else test
+    counts = from_trace(src, _extent(src, layers), n_expert).counts
     res = resident_from_plan(plan_from_counts(counts, slots, layers), layers, n_expert) if slots else \
         np.zeros((L, n_expert), bool)
     out = {}

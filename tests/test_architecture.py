@@ -47,3 +47,28 @@ def test_package_code_imports_its_own_modules_relatively() -> None:
                 absolute += [f"{f.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                              if n == "moeslots" or n.startswith("moeslots.")]
     assert not absolute, "\n".join(absolute)
+
+
+def test_no_module_is_over_about_400_lines() -> None:
+    """A module does one job: past ~400 lines it is doing two (issue 23 split engine.py, cli.py, bench.py, build.py,
+    simulate.py and app.py by job). Split by job rather than raise this."""
+    long = [f"{f.relative_to(ROOT)}: {n}" for d in PACKAGES.values() for f in sorted(d.rglob("*.py"))
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > 420]
+    assert not long, long
+
+
+def test_every_engine_the_app_meets_has_the_whole_protocol() -> None:
+    """The app types its engine as engine.api.Engine and calls it without getattr/hasattr: the real Engine, the
+    model picker's stand-in and the tests' fakes must each have every member of the protocol."""
+    from fakes import FakeEngine, FastEngine  # noqa: I001  (tests/ is on sys.path)
+
+    from moeslots.engine import api
+    from moeslots.engine.engine import Engine
+    from moeslots.tui.screens.models import Switching
+
+    members = [m for m in vars(api.Engine) if not m.startswith("_")] + list(api.Engine.__annotations__)
+    assert {"chat", "snapshot", "set_slots", "profile", "notices", "load_line"} <= set(members)
+    for cls in (Engine, Switching):
+        assert not [m for m in members if not hasattr(cls, m) and m not in ("notices", "load_line")], cls
+    for eng in (FakeEngine(), FastEngine(4), Switching(ROOT / "m.gguf")):
+        assert not [m for m in members if not hasattr(eng, m)], type(eng)

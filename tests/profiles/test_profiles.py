@@ -97,6 +97,18 @@ def test_plan_counts_decode_rows_only_ties_to_lower_ids_and_spreads_empty_layers
     assert plan_mod.auto_slots(1 << 29, 48, 3_060_000, 128) == 0
 
 
+def test_a_prompt_row_on_a_layer_no_decode_row_routes() -> None:
+    """The fuzz of a profile's fields found it: a prompt row naming layer 3 where decode rows route layers 1-2 indexed
+    past the simulator's counts (IndexError, a traceback from `moeslots simulate`)."""
+    from moeslots.profiles.simulate import distinct_per_batch
+
+    rows = [(-1, 3, [1, 2])] + [(t, il, [1, 2]) for t in range(10) for il in (1, 2)]
+    t = from_rows(rows, {"arch": "glm4moe", "n_layer": "4", "n_expert": "16", "k": "2"})
+    assert [r.hit_rate for r in simulate(t, 2, ["static-profile", "static-oracle"])] == [1.0, 1.0]
+    assert simulate(t, 2, ["static-profile"], train=t)[0].hit_rate == 1.0
+    assert distinct_per_batch(t, 2, max_batch=2) == {1: 0.0, 2: 0.0}
+
+
 def test_lru_on_cyclic_patterns() -> None:
     thrash = _trace([[e] for e in [0, 1, 2] * 20])       # 3 experts cycling through 2 slots: LRU always misses
     assert simulate(thrash, 2, ["lru"])[0].hit_rate == 0.0
