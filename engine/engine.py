@@ -38,7 +38,7 @@ from .record import Recorder, whatif_line
 from .residency import Residency
 from .slots import plan_from_profile
 from .stats import RoutingStats
-from .template import render_chat
+from .template import generation_start, render_chat
 
 if TYPE_CHECKING:
     from ..profiles.costs import CostModel
@@ -66,8 +66,8 @@ class Engine:
                                                   load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
         try:
-            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads,
-                               rollback=cfg.mtp_draft if cfg.mtp else 0)   # rejected drafts of recurrent models
+            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads,   # rollback room for
+                               rollback=cfg.mtp_draft if cfg.mtp and self.model.mtp_loaded else 0)   # MTP drafts
             self.ctx.enable_stats(cfg.stats_ring)
             if cfg.mtp:
                 self.mtp = mtp_mod.attach(self.model, self.ctx, cfg.mtp_draft, cfg.threads, self.notices)
@@ -91,7 +91,8 @@ class Engine:
         self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
         self.residency = Residency(self)                   # re-picks and --repick auto (engine.residency)
         self._reread = False
-        self._ckpt: recurrent.Checkpoint | None = None   # recurrent models: the state where the last prompt ended
+        self._ckpts: list[recurrent.Checkpoint] = []       # recurrent models: states of the last prompt (where its
+                                                           # generation prompt began, where it ended)
         self._auto: autoprofile.AutoProfile | None = None
         try:
             self._auto = autoprofile.attach(self) if cfg.auto_profile else None   # may set self.cfg.profile
@@ -219,17 +220,26 @@ class Engine:
             p += 1
         had = len(self._tokens)
         self._tokens = []                                # until the prompt is in: a failed turn leaves no stale KV
-        p = recurrent.keep_prefix(self.ctx, self.mtp, self._ckpt, p, had)
+        p = recurrent.keep_prefix(self.ctx, self.mtp, self._ckpts, p, had)
         reread = p == 0 and had > 0
         self._tokens = toks[:p]
         with self._lock:
             self._reread = reread
         st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
         t0 = time.perf_counter()
-        ctx.decode(toks[p:], prompt=True)
+        if self.model.recurrent:                       # the next turn resumes from one of these (engine.recurrent)
+            q = generation_start(m, messages, toks)
+            self._ckpts = []
+            start = p
+            if p < q < len(toks):
+                ctx.decode(toks[p:q], prompt=True)
+                self._ckpts.append(recurrent.save(ctx))
+                start = q
+            ctx.decode(toks[start:], prompt=True)
+            self._ckpts.append(recurrent.save(ctx))
+        else:
+            ctx.decode(toks[p:], prompt=True)
         self._tokens = list(toks)
-        if self.model.recurrent:
-            self._ckpt = recurrent.save(ctx)           # the next turn resumes here (its prompt starts with this one)
         if self.mtp is not None:
             self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work
         if self._auto is not None:
@@ -305,7 +315,7 @@ class Engine:
             if self.mtp is not None:
                 self.mtp.truncate(0)
             self._tokens = []
-            self._ckpt = None
+            self._ckpts = []
 
     # -- recording (engine.record) ------------------------------------------------------------------------------
 

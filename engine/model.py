@@ -284,7 +284,6 @@ class Context:
         # recurrent state snapshots for cutting back up to `rollback` positions after a decode (rejected MTP
         # drafts); only recurrent/hybrid models use them
         cp.n_rs_seq = rollback if model.recurrent else 0
-        self.rollback = cp.n_rs_seq
         if kv_f32:                      # reference comparisons: F32 KV cache, plain attention (no flash attention)
             cp.type_k = cp.type_v = 0   # GGML_TYPE_F32
             cp.flash_attn_type = 0      # LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -298,6 +297,8 @@ class Context:
             why = native.recent_log(6).strip().splitlines()
             raise EngineError(f"could not create a context (n_ctx {n_ctx}): {why[-1] if why else 'unknown'}")
         self.n_past = 0
+        # what llama.cpp granted (it clamps n_rs_seq to 0 for archs without recurrent rollback, e.g. qwen3next)
+        self.rollback = int(L.llama_n_rs_seq(self.ptr)) if model.recurrent else 0
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self.stats_ring = -1                    # < 0: native routing stats off
         track(self, CONTEXT)
@@ -346,9 +347,12 @@ class Context:
         self.n_past = 0
 
     def can_truncate(self, pos: int) -> bool:
-        """Whether truncate(pos) can work: always for attention KV; recurrent state only within the snapshots of
-        the last decode (at most `rollback` positions back)."""
-        return not self.model.recurrent or pos >= self.n_past or self.n_past - pos <= self.rollback
+        """Whether truncate(pos) keeps the state exact: always for attention KV; recurrent state never (a new turn
+        resumes from a checkpoint, engine.recurrent). Its rollback snapshots serve MTP alone: they are valid only
+        for the trailing tokens of the last decode call, when that call held more tokens than are rolled back and
+        no rollback is pending (llama.cpp's delta-net writes min(n_tokens, n_rs_seq) snapshots and seq_rm cannot
+        tell a stale one), which only MTP.step guarantees."""
+        return not self.model.recurrent or pos >= self.n_past
 
     def truncate(self, pos: int) -> None:
         """Forget positions >= pos of seq 0 (KV and n_past): prefix reuse, rejected drafts."""

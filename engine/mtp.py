@@ -229,6 +229,9 @@ def attach(model: Model, ctx: Context, n_draft: int, threads: int | None, notice
                        "without MTP")
     elif not model.mtp_loaded:
         notices.append(f"{f.name} has no NextN (MTP) block: decoding without MTP")
+    elif model.recurrent and ctx.rollback < n_draft:
+        notices.append(f"{f.name}: this llama.cpp keeps no recurrent rollback room for {f.arch} (rejected drafts "
+                       "could not be undone): decoding without MTP")
     else:
         return MTP(model, ctx, n_draft=n_draft, threads=threads)
     return None

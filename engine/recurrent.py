@@ -4,9 +4,11 @@ Recurrent memory holds one state per sequence, not one row per position: it cann
 position (beyond the few snapshots a context keeps for rejected drafts). Each turn re-renders the whole conversation,
 so without help every follow-up turn on a hybrid model (qwen35moe) would read the entire chat again. The engine
 saves the recurrent part of the state at the end of each prompt (llama.cpp's "partial" sequence state: the
-recurrent layers only, a few MiB to ~60 MiB at Qwen3.6-35B-A3B's shape); the next turn's prompt starts with that
-prompt, so it restores the checkpoint, cuts the attention KV back to the same position (attention KV can be cut)
-and reads only what is new. Where the checkpoint does not fit (an edited message, a shorter prompt) the turn
+recurrent layers only, a few MiB to ~60 MiB at Qwen3.6-35B-A3B's shape), twice: where the generation prompt begins
+(templates may render the assistant's turn differently once it is history: Qwen3.5/3.6 open a `<think>` block in
+the generation prompt and drop it from past turns) and at the prompt's end. The next turn restores the latest one
+its prompt still shares, cuts the attention KV back to the same position (attention KV can be cut) and reads only
+what is new. Where the checkpoint does not fit (an edited message, a shorter prompt) the turn
 re-reads from the start and says so.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import EngineError
 from .model import Context
@@ -55,24 +57,25 @@ def restore(ctx: Context, ck: Checkpoint) -> None:
     ctx.truncate(ck.pos)              # attention rows >= pos; the recurrent state already ends at pos - 1
 
 
-def keep_prefix(ctx: Context, mtp: "MTP | None", ck: Checkpoint | None, p: int, had: int) -> int:
+def keep_prefix(ctx: Context, mtp: "MTP | None", checkpoints: Sequence[Checkpoint], p: int, had: int) -> int:
     """A new turn: cut the context (and the MTP draft's) back to p, the prefix its prompt shares with what they hold
-    (`had` positions); returns the position kept: p, or on a recurrent model that cannot cut that far the last
-    prompt's checkpoint `ck`, or 0 (the prompt is read again from the start)."""
+    (`had` positions); returns the position kept: p, or on a recurrent model that cannot cut back the latest of
+    the last prompt's `checkpoints` at or before p, or 0 (the prompt is read again from the start)."""
     def cut(q: int) -> None:
         ctx.truncate(q)
         if mtp is not None:
             mtp.truncate(q)
 
     if p < had and not ctx.can_truncate(p):
-        if ck is not None and 0 < ck.pos <= p:
-            try:
-                restore(ctx, ck)
-                if mtp is not None:
-                    mtp.truncate(ck.pos)
-                return ck.pos
-            except EngineError:
-                pass
+        for ck in sorted(checkpoints, key=lambda c: -c.pos):
+            if 0 < ck.pos <= p:
+                try:
+                    restore(ctx, ck)
+                    if mtp is not None:
+                        mtp.truncate(ck.pos)
+                    return ck.pos
+                except EngineError:
+                    break
         p = 0
     try:
         cut(p)

@@ -63,7 +63,7 @@ def _delta_net(spec: SynthSpec, p: str) -> list[TensorPlan]:
     conv_dim = 2 * key_dim + value_dim
     return [_mat(p + "attn_qkv.weight", E, conv_dim), _mat(p + "attn_gate.weight", E, value_dim),
             TensorPlan(p + "ssm_conv1d.weight", (spec.ssm_conv, conv_dim), "conv", 1 / np.sqrt(spec.ssm_conv)),
-            TensorPlan(p + "ssm_dt.bias", (spec.ssm_v_heads,), "zero"),
+            TensorPlan(p + "ssm_dt.bias", (spec.ssm_v_heads,), "fill", spec.ssm_dt_bias),
             TensorPlan(p + "ssm_a", (spec.ssm_v_heads,), "decay"),
             _mat(p + "ssm_beta.weight", E, spec.ssm_v_heads), _mat(p + "ssm_alpha.weight", E, spec.ssm_v_heads),
             _norm(p + "ssm_norm.weight", spec.ssm_state), _mat(p + "ssm_out.weight", value_dim, E, b)]
@@ -173,5 +173,5 @@ def write_metadata(w, spec: SynthSpec, tok: Tokenizer, name: str) -> None:  # no
     w.add_bos_token_id(tok.bos)
     w.add_eos_token_id(tok.eos)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(spec.chat_template or CHAT_TEMPLATE)
     w.add_string("moeslots.synth.spec", repr(spec))

@@ -36,6 +36,7 @@ class SynthSpec:
     const_head: bool = False       # zero output norms: all logits 0, every head agrees (MTP always accepts)
     dtype: str = "f16"             # "f32" | "f16" for non-quantized matrices
     seed: int = 0
+    chat_template: str | None = None   # None: the project's simple template (tokenizer.CHAT_TEMPLATE)
     branch_scale: float | None = None  # std factor of every residual branch output; None: auto (see below)
     merged_gate_up: bool = False   # experts as one ffn_gate_up_exps tensor instead of gate + up
     # qwen35moe: gated delta-net layers
@@ -44,6 +45,8 @@ class SynthSpec:
     ssm_groups: int = 2            # K heads
     ssm_v_heads: int = 4           # V heads (a multiple of the K heads)
     ssm_conv: int = 4              # causal conv kernel
+    ssm_dt_bias: float = 0.0       # time-step bias: ~-4 keeps the delta-net's state for tens of tokens (tests that
+                                   # must see a wrong recurrent state in the logits), 0 forgets within a few
     rope_dim: int | None = None    # rotary dims per head (qwen35moe default head_dim // 4; deepseek2 default 32)
     n_ff_shexp: int | None = None  # shared expert width (qwen35moe; default n_ff_exp)
     # deepseek2: MLA and expert groups
@@ -125,8 +128,8 @@ class SynthSpec:
 class TensorPlan:
     name: str
     ne: tuple[int, ...]      # ggml order (ne0 first)
-    kind: str                # "norm" | "zero" | "matrix" | "router" | "embed" | "bias" | "decay" | "conv"
-    std: float = 0.0
+    kind: str                # "norm" | "zero" | "matrix" | "router" | "embed" | "bias" | "decay" | "conv" | "fill"
+    std: float = 0.0         # the std of random kinds; the value of "fill"
 
     @property
     def n(self) -> int:

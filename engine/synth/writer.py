@@ -39,6 +39,8 @@ def tensor_values(spec: SynthSpec, tp: TensorPlan) -> np.ndarray:
         return np.ones(shape, np.float32)
     if tp.kind == "zero":
         return np.zeros(shape, np.float32)
+    if tp.kind == "fill":
+        return np.full(shape, tp.std, np.float32)
     if tp.kind == "decay":        # delta-net A = -exp(A_log): negative, around -1
         return -np.exp(_rng(spec, tp.name).normal(0.0, 0.5, shape)).astype(np.float32)
     return (_rng(spec, tp.name).standard_normal(shape, dtype=np.float32) * np.float32(tp.std))
@@ -79,7 +81,7 @@ class SynthInfo:
 
 
 def _encoding(spec: SynthSpec, tp: TensorPlan, direct_q4k: bool) -> str:
-    if tp.kind in ("norm", "zero", "router", "bias", "decay", "conv") or len(tp.ne) == 1:
+    if tp.kind in ("norm", "zero", "router", "bias", "decay", "conv", "fill") or len(tp.ne) == 1:
         return "f32"
     if direct_q4k and tp.ne[0] % QK_K == 0:
         return "q4_k"

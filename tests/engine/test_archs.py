@@ -79,7 +79,7 @@ def test_recurrent_memory_rolls_back_within_its_room(arch_models: dict[str, Path
                 ctx.reset()
                 ctx.decode(toks[:base])
                 ctx.decode(toks[base:base + 4])                       # x + 3 drafts
-                assert ctx.can_truncate(base + keep)
+                assert not ctx.can_truncate(base + keep)              # not for a new turn: only MTP.step rolls back
                 ctx.truncate(base + keep)                             # 4 - keep rejected
                 ctx.decode([toks[23]])
                 got = ctx.logits()
@@ -193,7 +193,7 @@ def test_a_failed_cut_recovers_by_re_reading(arch_models: dict[str, Path]) -> No
         msgs = [Message("user", "one")]
         first = _turn(e, msgs)
         e.ctx.can_truncate = lambda pos: True                    # type: ignore[method-assign]
-        e._ckpt = None
+        e._ckpts = []
         second = _turn(e, msgs + [Message("assistant", first.text), Message("user", "two")])
         assert second.stats.reread and second.stats.tokens > 0
     finally:
