@@ -1,0 +1,60 @@
+"""The ggml op test of MUL_MAT_ID with negative expert ids (tests/engine/mmid_op.cpp), built against the installed
+engine's ggml and run on the CPU backend: every weight type the project writes or users load, batches 1..512, rows
+with valid, mixed and only negative ids. A negative id must give an exact zero row; the other rows match a reference
+and are bit-identical to a stock run. The same program runs over CUDA on the H200 (scripts/h200/mmid-op.sh)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).with_name("mmid_op.cpp")
+
+
+def build_op_test(out: Path) -> Path:
+    import llama_cpp
+
+    pkg = Path(llama_cpp.__file__).resolve().parent
+    inc, lib = pkg.parent / "include", pkg / "lib"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = out / "mmid_op"
+    subprocess.run([cxx, "-O2", "-std=c++17", str(SOURCE), f"-I{inc}", f"-L{lib}", "-lggml", "-lggml-base",
+                    "-lggml-cpu", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def op_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_op_test(tmp_path_factory.mktemp("mmid"))
+
+
+def _run(exe: Path, *args: str) -> tuple[str, int, int]:
+    p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+    m = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", p.stdout, re.M)
+    assert m, p.stdout[-2000:] + p.stderr[-2000:]
+    failures = [ln for ln in p.stdout.splitlines() if ln.startswith("FAIL")]
+    assert p.returncode == 0 and not failures, "\n".join(failures[:20]) + p.stderr[-2000:]
+    return p.stdout, int(m.group(1)), int(m.group(3))
+
+
+def test_negative_ids_on_the_cpu_for_every_type_and_batch(op_test: Path) -> None:
+    out, passed, skipped = _run(op_test, "--threads", "2")
+    assert skipped == 0
+    # 8 types x 17 batch sizes x (ne11 = 1: 3 patterns x plain/fused + ne11 = k: 3 patterns)
+    assert passed == 8 * 17 * 9
+    for t in ("f32", "f16", "bf16", "q8_0", "q4_K", "q5_K", "q6_K", "mxfp4"):
+        assert f"ok   {t:<5} T=512 ne11=1 none  fused" in out
+        assert f"ok   {t:<5} T=1   ne11=4 mixed plain" in out
+
+
+def test_negative_ids_in_the_cpu_repack_kernel(op_test: Path) -> None:
+    out, passed, _ = _run(op_test, "--repack", "--threads", "2")
+    if "nothing to check" in out or "no CPU_REPACK" in out:
+        pytest.skip(out.splitlines()[0])
+    assert "weights in CPU_REPACK" in out and passed == 17 * 9
