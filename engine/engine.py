@@ -227,18 +227,8 @@ class Engine:
             self._reread = reread
         st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
         t0 = time.perf_counter()
-        if self.model.recurrent:                       # the next turn resumes from one of these (engine.recurrent)
-            q = generation_start(m, messages, toks)
-            self._ckpts = []
-            start = p
-            if p < q < len(toks):
-                ctx.decode(toks[p:q], prompt=True)
-                self._ckpts.append(recurrent.save(ctx))
-                start = q
-            ctx.decode(toks[start:], prompt=True)
-            self._ckpts.append(recurrent.save(ctx))
-        else:
-            ctx.decode(toks[p:], prompt=True)
+        q = generation_start(m, messages, toks) if m.recurrent else len(toks)
+        self._ckpts = recurrent.prefill(ctx, toks, p, q)   # a recurrent model's next turn resumes from these
         self._tokens = list(toks)
         if self.mtp is not None:
             self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work

@@ -57,6 +57,22 @@ def restore(ctx: Context, ck: Checkpoint) -> None:
     ctx.truncate(ck.pos)              # attention rows >= pos; the recurrent state already ends at pos - 1
 
 
+def prefill(ctx: Context, toks: Sequence[int], p: int, q: int) -> list[Checkpoint]:
+    """Read the prompt from position p: on a recurrent model in two parts, checkpointed where the generation
+    prompt begins (`q`, when inside what is read) and at the end; returns the checkpoints (none otherwise)."""
+    if not ctx.model.recurrent:
+        ctx.decode(toks[p:], prompt=True)
+        return []
+    ckpts = []
+    if p < q < len(toks):
+        ctx.decode(toks[p:q], prompt=True)
+        ckpts.append(save(ctx))
+        p = q
+    ctx.decode(toks[p:], prompt=True)
+    ckpts.append(save(ctx))
+    return ckpts
+
+
 def keep_prefix(ctx: Context, mtp: "MTP | None", checkpoints: Sequence[Checkpoint], p: int, had: int) -> int:
     """A new turn: cut the context (and the MTP draft's) back to p, the prefix its prompt shares with what they hold
     (`had` positions); returns the position kept: p, or on a recurrent model that cannot cut back the latest of

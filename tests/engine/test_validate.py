@@ -36,7 +36,7 @@ CASES = [
     ("tiny_ds2", "attention.key_length_mla", 1, "leaves no non-rotary head dimensions"),                       # 134
     ("tiny_q35", "ssm.inner_size", 65, "ssm.inner_size = 65: the delta-net layers want"),                      # 134
     ("tiny_q35", "full_attention_interval", 0, "full_attention_interval = 0: must be at least 1"),             # SIGFPE
-    ("tiny_q35", "rope.dimension_sections[2]", 511, "rope.dimension_sections = [2, 1, 511, 0]: each >= 0"),     # 134
+    ("tiny_q35", "rope.dimension_sections[2]", 511, ", 511, 0]: each >= 0, the first three not all 0, together at most the head size"),     # 134
 ]
 
 
