@@ -120,7 +120,7 @@ class Engine:
         """set_slots' work, for a caller holding _busy (autoprofile plans between a prompt and its reply)."""
         old = self._plan
         self.residency.drain()
-        spare = self.cfg.repick_overlap and self.cfg.repick_every > 0
+        spare = self.residency.wants_spare(plan)         # (and the policy for this plan: engine.residency)
         try:
             line = self.model.set_slots(plan, pack_host=self.cfg.pack_host, spare=spare)
         except cache_mod.CacheError:
@@ -374,7 +374,7 @@ class Engine:
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
-                reread=self._reread, n_expert=f.n_expert)
+                reread=self._reread, n_expert=f.n_expert, **res.snapshot_fields(st, n_dec))
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a

@@ -1,5 +1,5 @@
-"""Adaptive residency for one Engine: re-picks (`--repick N`, F3) and `--repick auto` (at load from the profile, then
-live from the chat's own routing).
+"""Adaptive residency for one Engine: re-picks (`--repick N`, F3), `--repick auto` (at load from the profile, then
+live from the chat's own routing), and the dynamic tier (`--policy hybrid|dynamic|auto`, engine.hybrid_tier).
 
 Every N decode tokens the residents of each layer are elected from the recent window's picks (profiles.plan.elect,
 the simulator's rule) and only the swapped slabs are copied — synchronously between two tokens, or on a worker
@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..profiles import policy as policy_mod
 from ..profiles import repick as chooser
 from ..profiles.costs import CostModel
 from ..profiles.trace import TraceError, from_ring, read_csv
 from . import cache as cache_mod
+from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
+from .hybrid_tier import TierRunner
 from .stats import RoutingStats
 
 if TYPE_CHECKING:
@@ -42,12 +45,73 @@ class Residency:
         self.auto_mark: tuple[int, SlotPlan] | None = None  # live auto: (decode tokens, plan) when last decided
         self.spare = False                                # the packs have a spare entry (overlapped re-picks)
         self.stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
+        self.tier: TierRunner | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
+        self.tier_d = 0                                   # its slots per layer, for the plan being applied
+        self.policy_line = ""                             # the policy in force (auto: its decision and why)
+
+    def wants_spare(self, plan: SlotPlan) -> bool:
+        """Before a plan is configured (Engine._apply_plan): decide the policy for it (`auto`: simulated on the
+        profile under this machine's costs) and say whether the packs need a spare entry (overlapped copies)."""
+        cfg = self.eng.cfg
+        if cfg.policy not in policy_mod.POLICIES:
+            raise EngineError(f"--policy {cfg.policy}: one of {', '.join(policy_mod.POLICIES)}")
+        if cfg.policy != "static" and cfg.repick_every > 0:
+            raise EngineError(f"--policy {cfg.policy} and --repick both move slots: choose one")
+        S = plan.slots_per_layer
+        if cfg.policy == "auto":
+            pol, self.tier_d, why = self._auto_policy(S)
+            self.policy_line = f"auto: {why}"
+        else:
+            try:
+                self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier)
+            except ValueError as e:
+                raise EngineError(f"--policy {cfg.policy}: {e}") from None
+            pol = policy_mod.name(S, self.tier_d)
+            self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
+        return (cfg.repick_overlap and cfg.repick_every > 0) or self.tier_d > 0
+
+    def _auto_policy(self, slots: int) -> tuple[str, int, str]:
+        eng = self.eng
+        if eng.cfg.profile is None or slots <= 0:
+            return "static", 0, "static (no profile to simulate)" if slots else "static (no slots)"
+        cost, source = eng.cost_model()
+        try:
+            pol, d, why = policy_mod.choose_policy(read_csv(Path(eng.cfg.profile)), slots, cost)
+        except (TraceError, ValueError) as e:
+            return "static", 0, f"static ({e})"
+        return pol, d, f"{why} [{source}]"
 
     def plan_applied(self, plan: SlotPlan, spare: bool) -> None:
-        """A new plan is in (Engine._apply_plan, under the engine's lock): live auto scores from it on."""
+        """A new plan is in (Engine._apply_plan, under the engine's lock): live auto scores from it on; the tier
+        (if any) starts from it."""
         self.spare = spare
         if self.auto_mark is not None:
             self.auto_mark = (self.eng._decode_tokens, plan)
+        self._close_tier()
+        if self.tier_d > 0 and spare and plan.layers:
+            eng, f = self.eng, self.eng.model.facts
+            ptr, n_all = eng.ctx.ptr, eng.model.n_layer_all
+            self.tier = TierRunner(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0],
+                                   lambda rows: stats_mod.read(ptr, n_all, f.n_expert, f.n_expert_used, rows),
+                                   n_expert=f.n_expert, k=f.n_expert_used, wait=eng.cfg.tier_wait)
+
+    def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
+        """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
+        uploads per token."""
+        t = self.tier
+        if t is not None:
+            core, tier, cpu, up = t.split()
+            return {"policy": policy_mod.name(t.plan.slots_per_layer, t.tier), "tier_slots": t.tier,
+                    "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
+                    "tier_uploads_per_token": up}
+        n = max(1, n_dec)
+        return {"policy": "static", "policy_line": self.policy_line if self.eng._plan.layers else "",
+                "split_per_token": (int(st.hits.sum()) / n, 0.0, int(st.misses.sum()) / n) if n_dec else (0.0,) * 3}
+
+    def _close_tier(self) -> None:
+        if self.tier is not None:
+            self.tier.close()
+            self.tier = None
 
     def set_repick(self, every: int, swaps: int | None = None, *, auto: bool = False) -> str:
         """Turn adaptive residency on (re-pick every `every` decode tokens) or off (0); effective from the next
@@ -56,6 +120,10 @@ class Residency:
         if every < 0:
             raise EngineError("re-pick interval must be >= 0")
         with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
+            if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
+                self._close_tier()
+                eng.cfg = dataclasses.replace(eng.cfg, policy="static")
+                self.policy_line = "static (re-picks on: the dynamic tier is off)"
             eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
                                           repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
             self.since = 0
@@ -122,6 +190,14 @@ class Residency:
         """After each decode step of `n_new` tokens (cfg.repick_every > 0): every N decode tokens, elect residents
         per layer from the recent window's picks and copy only the swapped slabs."""
         eng = self.eng
+        if self.tier is not None:
+            before = self.tier.counts.bytes
+            plan = self.tier.step(n_new)                           # between decodes: commits, decisions, stages
+            if plan is not None:
+                with eng._lock:
+                    eng._plan = plan
+                    eng._upload_bytes += self.tier.counts.bytes - before
+            return
         if self.stager is not None:
             self._commit_stage()                                   # between decodes: the copies that are in
         n = eng.cfg.repick_every
@@ -176,8 +252,10 @@ class Residency:
         """Copies in flight are dropped (before the packs are rebuilt)."""
         if self.stager is not None:
             self.stager.drain()
+        self._close_tier()
 
     def close(self) -> None:
+        self._close_tier()
         if self.stager is not None:
             self.stager.close()
             self.stager = None

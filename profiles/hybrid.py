@@ -1,16 +1,24 @@
-"""The hybrid residency policy, simulated: per layer a static core (from a profile) plus a dynamic tier of D slots,
-and for every missed expert a decision by this machine's costs — compute it on the CPU now, upload it now and
-compute it on the GPU, or compute it on the CPU now and upload it for later (prefetch into the tier while the rest
-of the token computes).
+"""The hybrid residency policy: per layer a static core (from a profile) plus a dynamic tier of D slots, and for every
+missed expert a decision by this machine's costs — compute it on the CPU now, upload it now and compute it on the
+GPU, or compute it on the CPU now and upload it for later (prefetch into the tier while the rest of the token
+computes). `Tier` is the rule, one decode token at a time; the simulator (simulate_hybrid, sweep) and the engine
+(engine.hybrid_tier, `--policy hybrid|dynamic`) both run it, so the simulator predicts what the engine does.
 
 Timing model per decode token: the GPU's work (base + resident picks), and per layer its misses split between the
 CPU (slab / CPU GB/s each) and synchronous uploads (slab / PCIe GB/s each), which run concurrently, so a layer
 costs max(CPU part, upload part); the split that minimises it uploads m * t_cpu / (t_cpu + t_up) of m misses.
-Prefetches use the PCIe time left over in the token. The tier evicts by decayed pick frequency (recency and
-frequency in one score); an expert is admitted only when it outscores the weakest tier entry.
+Prefetches use the PCIe time left over in the token, best-scored misses first. The tier evicts by decayed pick
+frequency (recency and frequency in one score); a prefetch is admitted only when it outscores the weakest tier entry
+not picked by this token.
 
-D = 0 is the static cache (every miss on the CPU); core 0 with uploads always cheaper is a dynamic cache (llama.cpp's
-`--moe-cache-mib` way). The engine does not run this policy yet; the simulator says what it would buy.
+How admissions reach VRAM is a `Mechanism`. IDEAL (the simulator's default): uploads now, prefetches resident from
+the next token, any number per layer. ENGINE (what the engine's cache can do today, engine/cache.py): no upload now
+(computing a just-uploaded expert on the GPU in the same token needs the cache rewrite of issue 18), a prefetch
+staged into the layer's spare pack entry on a worker thread while the next token decodes and committed after it
+(resident one token later than IDEAL: lag 1), one copy in flight per layer (one spare entry).
+
+D = 0 is the static cache (every miss on the CPU); core 0 is a dynamic cache (with cheap uploads now, llama.cpp's
+`--moe-cache-mib` way).
 """
 
 from __future__ import annotations
@@ -25,19 +33,46 @@ from .costs import CostModel
 
 
 @dataclasses.dataclass(frozen=True)
+class Mechanism:
+    upload_now: bool = True         # a miss may be uploaded and computed on the GPU in the same token
+    lag: int = 0                    # tokens between a prefetch decision's next token and its slab being resident
+    one_per_layer: bool = False     # at most one prefetch in flight per layer
+
+    def __post_init__(self) -> None:
+        if self.lag > 0 and not self.one_per_layer:
+            raise ValueError("a prefetch lag needs one copy in flight per layer")
+
+
+IDEAL = Mechanism()
+ENGINE = Mechanism(upload_now=False, lag=1, one_per_layer=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class HybridResult:
     core: int                       # static slots per layer
     tier: int                       # dynamic slots per layer
     hit_rate: float                 # picks found in VRAM (core or tier) when picked
     tier_hit_rate: float            # of those, from the tier
     sync_uploads_per_token: float   # misses uploaded and computed on the GPU at once
-    prefetch_per_token: float       # misses computed on the CPU and uploaded for later
+    prefetch_per_token: float       # misses computed on the CPU and uploaded for later (landed)
     cpu_picks_per_token: float
     ms_per_token: float
 
     @property
     def policy(self) -> str:
         return "static" if self.tier == 0 else "dynamic" if self.core == 0 else "hybrid"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One decode token under the rule: picks served by the core and the tier, computed on the CPU, uploads now
+    [(layer, expert)], prefetches decided [(layer, expert, victim expert or -1 for a free entry)], est. ms."""
+    core_hits: int
+    tier_hits: int
+    cpu: int
+    uploads_now: list[tuple[int, int]]
+    prefetches: list[tuple[int, int, int]]
+    ms: float
 
 
 def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
@@ -49,92 +84,197 @@ def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
     return min(cands, key=lambda n: (max(n * t_up, (misses - n) * t_cpu), n))
 
 
+class Tier:
+    """The rule's state over L layers: core [L, n_expert] (bool, fixed), the tier's residents (initial: bool
+    [L, n_expert], disjoint from core, at most `tier` per layer; None: empty), decayed scores, copies in flight."""
+
+    def __init__(self, core: np.ndarray, tier: int, cost: CostModel, *, initial: np.ndarray | None = None,
+                 decay: float = 0.95, prefetch: bool = True, overlap: bool = True, mech: Mechanism = IDEAL) -> None:
+        self.L, self.n_expert = core.shape
+        self.core, self.cap, self.cost, self.decay = core.astype(bool), tier, cost, decay
+        self.prefetch, self.overlap, self.mech = prefetch, overlap, mech
+        self.in_tier = np.zeros_like(self.core) if initial is None else initial.astype(bool) & ~self.core
+        self.n_tier = self.in_tier.sum(axis=1).astype(np.int64)
+        if (self.n_tier > tier).any():
+            raise ValueError(f"an initial tier holds {int(self.n_tier.max())} experts, the tier {tier}")
+        self.score = np.zeros(core.shape)
+        self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
+        self.t_cpu, self.t_up = cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
+        self.t_gpu = cost.slab_mb / cost.gpu_gbps
+        self._rows = np.arange(self.L)
+
+    def land(self, l: int) -> tuple[int, int]:
+        """Layer l's copy in flight is resident now; returns (expert, victim or -1)."""
+        e, victim = self.pending.pop(l)
+        self._place(l, e, victim)
+        return e, victim
+
+    def drop(self, l: int) -> None:
+        """Layer l's copy in flight failed: the tier stays as it was."""
+        self.pending.pop(l, None)
+
+    def _place(self, l: int, e: int, victim: int) -> None:
+        if victim >= 0:
+            self.in_tier[l, victim] = False
+        else:
+            self.n_tier[l] += 1
+        self.in_tier[l, e] = True
+
+    def _victim(self, l: int, now: np.ndarray) -> int | None:
+        """The tier entry to evict for a newcomer: -1 while the tier has room, else the lowest-scored entry not
+        picked by this token and not leaving already (lower id on ties); None when every entry is needed."""
+        if self.n_tier[l] < self.cap:
+            return -1
+        cand = np.flatnonzero(self.in_tier[l])
+        busy = [self.pending[l][1]] if l in self.pending else []
+        cand = cand[~np.isin(cand, now) & ~np.isin(cand, busy)]
+        return int(cand[np.argmin(self.score[l, cand])]) if cand.size else None
+
+    def step(self, ids: np.ndarray) -> Step:
+        """One decode token's picks ids [L, k]: score them, count where they were served (the residents of this
+        moment), decide uploads now and prefetches (prefetches with lag 0 are resident from the next token; with a
+        lag they wait in `pending` until land()). Vectorised over layers except uploads now (the simulator's)."""
+        L, k = ids.shape
+        E, rows, mech, cap = self.n_expert, self._rows, self.mech, self.cap
+        self.score *= self.decay
+        flat = (rows[:, None] * E + ids).ravel()
+        self.score.reshape(-1)[:] += np.bincount(flat, minlength=L * E)
+        core_hit = self.core[rows[:, None], ids]
+        tier_hit = self.in_tier[rows[:, None], ids] & ~core_hit
+        n_core, n_tier = int(core_hit.sum()), int(tier_hit.sum())
+        ms = self.cost.base_ms + (n_core + n_tier) * self.t_gpu
+        key = np.unique(flat[~(core_hit | tier_hit).ravel()])      # distinct misses, by layer then expert
+        ml, me = key // E, key % E
+        up = np.zeros(L, np.int64)
+        now_up: list[tuple[int, int]] = []
+        if mech.upload_now and cap > 0 and key.size:
+            ml, me = self._upload_now(ml, me, ids, up, now_up)
+        c = np.bincount(ml, minlength=L)
+        ms += float(np.sum(np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap
+                           else up * self.t_up + c * self.t_cpu) + up.sum() * self.t_gpu)
+        up_ms = float(up.sum() * self.t_up)
+        pref: list[tuple[int, int, int]] = []
+        if self.prefetch and cap > 0 and ml.size:
+            budget = int(max(0.0, ms - up_ms) // self.t_up)
+            if mech.one_per_layer and self.pending:
+                ok = ~np.isin(ml, list(self.pending))
+                ml, me = ml[ok], me[ok]
+            sc = self.score[ml, me]
+            order = np.lexsort((-me, -ml, -sc))                     # score, then layer, then expert: highest first
+            ml, me, sc = ml[order], me[order], sc[order]
+            pref = (self._prefetch_one_per_layer(ml, me, sc, ids, budget) if mech.one_per_layer
+                    else self._prefetch_any(ml, me, sc, ids, budget))
+        return Step(n_core, n_tier, int(c.sum()), now_up, pref, ms)
+
+    def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,
+                    now_up: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, the best_split share of its misses (best-scored first) uploaded and computed on the GPU now;
+        returns the misses left to the CPU."""
+        keep = np.ones(ml.size, bool)
+        for l in np.unique(ml).tolist():
+            idx = np.flatnonzero(ml == l)
+            if self.overlap:
+                u = best_split(idx.size, self.t_cpu, self.t_up, self.cap)
+            else:
+                u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0
+            for i in idx[np.argsort(-self.score[l, me[idx]], kind="stable")][:u].tolist():
+                e = int(me[i])                                      # (no free entry: a transient copy)
+                v = self._victim(l, ids[l])
+                if v is not None and not (l in self.pending and self.pending[l][0] == e):
+                    self._place(l, e, v)
+                now_up.append((l, e))
+                keep[i] = False
+            up[l] = u
+        return ml[keep], me[keep]
+
+    def _admit(self, l: int, e: int, v: int) -> tuple[int, int, int]:
+        if self.mech.lag > 0:
+            self.pending[l] = (e, v)
+        else:
+            self._place(l, e, v)
+        return l, e, v
+
+    def _prefetch_any(self, ml: np.ndarray, me: np.ndarray, sc: np.ndarray, ids: np.ndarray,
+                      budget: int) -> list[tuple[int, int, int]]:
+        """Candidates in order, any number per layer: each admitted while the budget (copies) lasts and it outscores
+        its victim (victims chosen afresh after each admission)."""
+        out: list[tuple[int, int, int]] = []
+        for l, e, s in zip(ml.tolist(), me.tolist(), sc.tolist()):
+            if len(out) >= budget:
+                break
+            v = self._victim(l, ids[l])
+            if v is not None and (v < 0 or s > self.score[l, v]):
+                out.append(self._admit(l, e, v))
+        return out
+
+    def _prefetch_one_per_layer(self, ml: np.ndarray, me: np.ndarray, sc: np.ndarray, ids: np.ndarray,
+                                budget: int) -> list[tuple[int, int, int]]:
+        """One copy per layer: each layer's best candidate against the layer's victim (the lower-scored ones cannot
+        beat the same victim), layers in candidate order, at most `budget` copies."""
+        _, first = np.unique(ml, return_index=True)
+        first = np.sort(first)
+        cl, ce, cs = ml[first], me[first], sc[first]
+        mask = self.in_tier[cl].copy()
+        mask[np.arange(cl.size)[:, None], ids[cl]] = False          # picked by this token: kept
+        vs = np.where(mask, self.score[cl], np.inf)
+        v = vs.argmin(axis=1)                                       # lowest score, lower id on ties
+        free = self.n_tier[cl] < self.cap
+        ok = free | (mask.any(axis=1) & (cs > vs[np.arange(cl.size), v]))
+        v = np.where(free, -1, v)
+        return [self._admit(l, e, w) for l, e, w in zip(cl[ok][:budget].tolist(), ce[ok][:budget].tolist(),
+                                                       v[ok][:budget].tolist())]
+
+
 def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel, *, decay: float = 0.95,
-                    prefetch: bool = True, overlap: bool = True) -> HybridResult:
-    """P: decode picks [T, L, k]; core: static residents [L, n_expert] (bool); tier: dynamic slots per layer."""
+                    prefetch: bool = True, overlap: bool = True, initial: np.ndarray | None = None,
+                    mech: Mechanism = IDEAL) -> HybridResult:
+    """P: decode picks [T, L, k]; core: static residents [L, n_expert] (bool); tier: dynamic slots per layer;
+    initial: the tier's first residents (None: empty). With a lag, a prefetch decided at token t lands before
+    token t + 1 + lag, as the engine's commits do when each copy is in by then."""
     T, L, k = P.shape
-    n_expert = core.shape[1]
-    t_cpu, t_up = cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
-    t_gpu = cost.slab_mb / cost.gpu_gbps
-    in_tier = np.zeros((L, n_expert), bool)
-    n_tier = np.zeros(L, np.int64)
-    score = np.zeros((L, n_expert))
-    rows = np.arange(L)
+    rule = Tier(core, tier, cost, initial=initial, decay=decay, prefetch=prefetch, overlap=overlap, mech=mech)
+    due: dict[int, int] = {}                                        # layer -> token its copy lands before
     hits = tier_hits = sync = pref = cpu = 0
     total_ms = 0.0
     for t in range(T):
-        ids = P[t]                                                  # [L, k]
-        score *= decay
-        np.add.at(score, (np.repeat(rows, k), ids.ravel()), 1.0)
-        res = core | in_tier
-        hit = res[rows[:, None], ids]
-        hits += int(hit.sum())
-        tier_hits += int((in_tier[rows[:, None], ids] & ~core[rows[:, None], ids]).sum())
-        token_ms = cost.base_ms + int(hit.sum()) * t_gpu
-        up_ms = 0.0
-        cpu_left: list[tuple[float, int, int]] = []                # (score, layer, expert) computed on the CPU
-        for l in range(L):
-            miss = np.unique(ids[l][~hit[l]])
-            if miss.size == 0:
-                continue
-            if overlap:
-                u = best_split(miss.size, t_cpu, t_up, tier)
-            else:
-                u = min(tier, miss.size) if t_up < t_cpu else 0
-            order = miss[np.argsort(-score[l, miss], kind="stable")]
-            for e in order[:u]:
-                _admit(in_tier, n_tier, score, l, int(e), tier, ids[l], force=True)
-            c = miss.size - u
-            sync, cpu = sync + u, cpu + c
-            layer_ms = max(u * t_up, c * t_cpu) if overlap else u * t_up + c * t_cpu
-            token_ms += layer_ms + u * t_gpu
-            up_ms += u * t_up
-            cpu_left += [(float(score[l, e]), l, int(e)) for e in order[u:]]
-        if prefetch and tier > 0 and cpu_left:
-            budget = int(max(0.0, token_ms - up_ms) // t_up)
-            for s, l, e in sorted(cpu_left, reverse=True)[:budget]:
-                if _admit(in_tier, n_tier, score, l, e, tier, ids[l], force=False):
-                    pref += 1
-        total_ms += token_ms
-    picks = T * L * k
+        for l in [l for l, when in due.items() if when <= t]:
+            rule.land(l)
+            del due[l]
+            pref += 1
+        s = rule.step(P[t])
+        hits, tier_hits = hits + s.core_hits + s.tier_hits, tier_hits + s.tier_hits
+        sync, cpu, total_ms = sync + len(s.uploads_now), cpu + s.cpu, total_ms + s.ms
+        if mech.lag > 0:
+            due.update({l: t + 1 + mech.lag for l, _, _ in s.prefetches})
+        else:
+            pref += len(s.prefetches)
+    pref += sum(when <= T for when in due.values())                 # committed after the last token (the engine's
+    picks = T * L * k                                               # step after its last decode)
     return HybridResult(int(core.sum(axis=1).max()) if core.size else 0, tier, hits / picks,
                         tier_hits / max(1, hits), sync / T, pref / T, cpu / T, total_ms / T)
 
 
-def _admit(in_tier: np.ndarray, n_tier: np.ndarray, score: np.ndarray, l: int, e: int, cap: int,
-           now: np.ndarray, *, force: bool) -> bool:
-    """Put expert e of layer l in the tier, evicting the lowest-scored entry not picked by this token. force: admit
-    even when e scores lower (it is needed now); otherwise only when it outscores the victim."""
-    if in_tier[l, e] or cap <= 0:
-        return False
-    if n_tier[l] < cap:
-        in_tier[l, e] = True
-        n_tier[l] += 1
-        return True
-    cand = np.flatnonzero(in_tier[l])
-    cand = cand[~np.isin(cand, now)]
-    if cand.size == 0:
-        return False
-    victim = int(cand[np.argmin(score[l, cand])])
-    if not force and score[l, e] <= score[l, victim]:
-        return False
-    in_tier[l, victim] = False
-    in_tier[l, e] = True
-    return True
+def core_and_tier(plan_counts: np.ndarray, slots: int, tier: int) -> tuple[np.ndarray, np.ndarray]:
+    """The static plan of `slots` per layer split in two (plan_counts [L, n_expert]; best first, lower id on ties,
+    as profiles.plan): its first slots - tier experts are the core, the rest the tier's first residents."""
+    L, n_expert = plan_counts.shape
+    if not 0 <= tier <= slots <= n_expert:
+        raise ValueError(f"tier {tier} outside 0..{slots}" if slots <= n_expert
+                         else f"{slots} slots per layer: the profile has {n_expert} experts")
+    order = np.lexsort((np.broadcast_to(np.arange(n_expert), (L, n_expert)), -plan_counts.astype(np.int64)), axis=-1)
+    core, first = np.zeros((L, n_expert), bool), np.zeros((L, n_expert), bool)
+    np.put_along_axis(core, order[:, :slots - tier], True, axis=1)
+    np.put_along_axis(first, order[:, slots - tier:slots], True, axis=1)
+    return core, first
 
 
 def sweep(P: np.ndarray, plan_counts: np.ndarray, slots: int, cost: CostModel,
           tiers: Sequence[int] | None = None, **kw: object) -> list[HybridResult]:
     """Static core of slots - D experts (the profile's top picks per layer, plan_counts [L, n_expert]) plus D tier
-    slots, for each D in `tiers` (default 0, S/8, S/4, S/2, S)."""
-    L, n_expert = plan_counts.shape
+    slots that start with the profile's next D experts, for each D in `tiers` (default 0, S/8, S/4, S/2, S)."""
     tiers = sorted({0, slots // 8, slots // 4, slots // 2, slots} if tiers is None else set(tiers))
     out = []
-    order = np.argsort(-plan_counts, axis=1, kind="stable")
     for d in tiers:
-        if not 0 <= d <= slots:
-            raise ValueError(f"tier {d} outside 0..{slots}")
-        core = np.zeros((L, n_expert), bool)
-        np.put_along_axis(core, order[:, :slots - d], True, axis=1)
-        out.append(simulate_hybrid(P, core, d, cost, **kw))   # type: ignore[arg-type]
+        core, first = core_and_tier(plan_counts, slots, d)
+        out.append(simulate_hybrid(P, core, d, cost, initial=first, **kw))   # type: ignore[arg-type]
     return out

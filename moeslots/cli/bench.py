@@ -4,7 +4,8 @@ with only its own flags (engine/bench/: decode.py, mtp.py, repick.py; the app be
     decode   prompt and decode tok/s, hit rate, weight MB/token to the GPU, splits and routing at each slot count
     compare  greedy text at each slot count against 0 slots (the cache must not change it)
     mtp      greedy tok/s with and without MTP drafts, acceptance, ms per phase of a step
-    repick   static vs re-pick every N tokens (and live auto) under replayed routing, beside the simulator
+    repick   static vs re-pick every N tokens (and live auto), and the residency policies (--policy static,hybrid,
+             dynamic,auto), under replayed routing, beside the simulator
     app      the real app driven headless beside the same engine alone
 """
 
@@ -88,28 +89,50 @@ def cmd_mtp(a: argparse.Namespace) -> int:
 
 def cmd_repick(a: argparse.Namespace) -> int:
     from ..engine import calibrate
-    from ..engine.bench import repick
+    from ..engine.bench import repick, tier
     from ..engine.model import inspect_gguf
+    from ..profiles.policy import POLICIES
 
-    words = [x.strip() for x in a.every.split(",") if x.strip()]
-    if not words or not all(x == "auto" or x.isdigit() for x in words):
+    if a.every is None and a.policy is None:
+        raise UserError("bench repick needs --every N1,N2|auto and/or --policy static,hybrid,dynamic,auto")
+    words = [x.strip() for x in (a.every or "").split(",") if x.strip()]
+    if a.every is not None and (not words or not all(x == "auto" or x.isdigit() for x in words)):
         raise UserError(f"--every takes intervals >= 0 (0: static) or auto, not {a.every!r}")
+    policies = [x.strip() for x in (a.policy or "").split(",") if x.strip()]
+    if a.policy is not None and (not policies or not set(policies) <= set(POLICIES)):
+        raise UserError(f"--policy takes {','.join(POLICIES)} (comma-separated), not {a.policy!r}")
+    if a.policy is not None and (a.profile_from or a.max_swaps != 4 or a.overlap) and not words:
+        raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
     slots = _engine_setup(a)
     intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
     cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap)
     routings = [r for r in a.replay.split(",") if r.strip()]
     print(f"cost model for the simulator: {source}")
-    print(repick.REPICK_HEADER)
+    out: dict = {}
     try:
-        rows, info = repick.run_repick(Path(a.model), slots, intervals, routings, n_decode=a.n_decode,
-                                       profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
-                                       pack_host=a.pack_host, max_swaps=a.max_swaps, cost=cost, overlap=a.overlap,
-                                       profile_from=a.profile_from, log=print)
+        if intervals:
+            print(repick.REPICK_HEADER)
+            rows, info = repick.run_repick(Path(a.model), slots, intervals, routings, n_decode=a.n_decode,
+                                           profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
+                                           pack_host=a.pack_host, max_swaps=a.max_swaps, cost=cost,
+                                           overlap=a.overlap, profile_from=a.profile_from, log=print)
+            for name, src in info["routings"].items():
+                print(f"routing {name}: {src}")
+            out = {"info": info, "rows": [dataclasses.asdict(r) for r in rows]}
+        if policies:
+            print("residency policies (engine.hybrid_tier) beside the simulator (profiles.hybrid, the engine's "
+                  "mechanism):")
+            print(tier.TIER_HEADER)
+            trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
+                                   profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
+                                   pack_host=a.pack_host, cost=cost, wait=a.tier_wait, log=print)
+            for r in trows:
+                if r.chosen:
+                    print(f"auto at {r.slots} slots on {r.routing}: {r.chosen}")
+            out["policies"] = [dataclasses.asdict(r) for r in trows]
     except ValueError as e:
         raise UserError(str(e)) from None
-    for name, src in info["routings"].items():
-        print(f"routing {name}: {src}")
-    _write_json(a.json, {"info": info, "rows": [dataclasses.asdict(r) for r in rows]})
+    _write_json(a.json, out)
     return 0
 
 
@@ -161,10 +184,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _replay(m)
     m.set_defaults(func=cmd_mtp)
 
-    r = bs.add_parser("repick", help="static vs re-pick every N tokens under replayed routing, beside the simulator")
+    r = bs.add_parser("repick", help="static vs re-pick every N tokens, and the residency policies (static, hybrid, "
+                      "dynamic, auto), under replayed routing, beside the simulator")
     _common(r)
-    r.add_argument("--every", required=True, metavar="N1,N2|auto", help="re-pick intervals (0: static); 'auto': live "
+    r.add_argument("--every", metavar="N1,N2|auto", help="re-pick intervals (0: static); 'auto': live "
                    "--repick auto (chosen from the profile rows, then again every 256 decoded tokens)")
+    r.add_argument("--policy", metavar="P1,P2", help="residency policies to measure: static, hybrid (a core plus a "
+                   "dynamic tier of --tier D slots), dynamic (all slots a tier), auto (chosen from the profile rows "
+                   "under the cost model)")
+    r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid: dynamic slots per layer (default S/4)")
+    r.add_argument("--tier-wait", action="store_true", help="--policy: each tier commit waits for its copy (the "
+                   "simulator's exact schedule, so hits and uploads match it; the app never waits)")
     r.add_argument("--replay", default="uniform", metavar="TRACE,...|uniform",
                    help="the routings to replay (comma-separated traces and/or 'uniform'; default uniform)")
     r.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens per routing and policy")

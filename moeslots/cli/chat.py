@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..engine.api import Engine
+from ..profiles.policy import POLICIES
 from . import launch
 from .common import UserError, config, int_arg
 
@@ -23,9 +24,10 @@ def parse_repick(v: str | None) -> tuple[int, int]:
 
 def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
                 ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool | str = "auto",
-                auto_profile: bool = False) -> "Engine":
+                auto_profile: bool = False, policy: str = "static", tier: int | None = None) -> "Engine":
     """The engine the app runs on: slots as many as fit by default (with a profile, or a GPU to plan from the first
-    prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice."""
+    prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice; the residency
+    policy (`--policy`, auto: decided when the slots are planned) said in a notice."""
     from ..engine import native
     from ..engine.engine import Engine as LocalEngine
     from ..engine.engine import EngineConfig
@@ -33,6 +35,12 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     from ..engine.threads import app_threads
 
     native.require_patched()
+    if policy not in POLICIES:
+        raise UserError(f"--policy takes {', '.join(POLICIES)}, not {policy!r}")
+    if policy != "static" and repick:
+        raise UserError(f"--policy {policy} and --repick both move slots: choose one")
+    if tier is not None and policy != "hybrid":
+        raise UserError("--tier D sets the dynamic slots of --policy hybrid")
     pack_host = not native.gpus()
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
@@ -43,9 +51,11 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
                                    threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
                                    async_cpu=async_cpu, mmap=mmap,
                                    repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
-                                   auto_profile=auto_profile))
+                                   auto_profile=auto_profile, policy=policy, tier=tier))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
+    if policy != "static" and eng.residency.policy_line:
+        eng.notices.append(f"residency: {eng.residency.policy_line}")
     if repick == "auto":
         try:
             eng.notices.append(eng.set_repick_auto())
@@ -83,7 +93,7 @@ def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True) ->
     """The engine for `chat MODEL` (explicit) or a model picked in the app; remembered as [app] last_model."""
     s = settings(model, a, explicit=explicit)
     eng = open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
-                      s.auto_profile)
+                      s.auto_profile, s.policy, s.tier)
     bad = launch.remember(model)
     if bad:
         eng.notices.append(bad)
@@ -150,4 +160,9 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "per layer (default: static); auto: plan from the profile's first half, score each N on its second "
                    "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "
                    "(pays mostly with --no-mmap and a drifting workload)")
+    c.add_argument("--policy", choices=POLICIES, default=None, help="residency: static (default: the profile's "
+                   "experts stay), hybrid (the last D of each layer's slots follow the routing: misses computed on the "
+                   "CPU now, copied in for later while decoding when this machine's costs say it pays), dynamic (all "
+                   "slots do), auto (simulated on the profile under this machine's calibration; config: [app] policy)")
+    c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid: dynamic slots per layer (default S/4)")
     c.set_defaults(func=cmd_chat)

@@ -20,6 +20,8 @@ class ChatSettings:
     async_cpu: bool
     mmap: bool | str                # True / False as asked, else "auto" (engine.hardware decides from free RAM)
     auto_profile: bool              # no profile: plan from the first prompt, record and save one per model
+    policy: str = "static"          # residency: static | hybrid | dynamic | auto (profiles.policy)
+    tier: int | None = None         # hybrid: dynamic slots per layer (None: S/4)
 
 
 def same_file(a: str | Path | None, b: str | Path) -> bool:
@@ -40,7 +42,8 @@ def resolve(model: Path, a: argparse.Namespace, app: Mapping[str, Any], *, expli
         ctx=getattr(a, "ctx", 4096), repick=getattr(a, "repick", None) if explicit or profile else None,
         async_cpu=bool(getattr(a, "async_cpu", False)),
         mmap=mmap if mmap is not None else app.get("mmap", "auto"),
-        auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)))
+        auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)),
+        policy=str(getattr(a, "policy", None) or app.get("policy", "static")), tier=getattr(a, "tier", None))
 
 
 def start_model(app: Mapping[str, Any]) -> tuple[Path | None, str]:

@@ -135,8 +135,19 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         print("| " + " | ".join(f"w={w}" for w in u) + " |\n|" + "---|" * len(u))
         print("| " + " | ".join(f"{v:.2f}" for v in u.values()) + " |")
         return 0
-    if a.hybrid is not None:
-        return _simulate_hybrid(a, test, train, cost)
+    tiered = [p for p in (a.policy or []) if p in ("hybrid", "dynamic")]
+    if a.hybrid is not None or tiered:
+        if len(tiered) != len(a.policy or []):
+            raise UserError("--policy hybrid/dynamic runs alone (the tier sweep), not with "
+                            + ", ".join(p for p in a.policy if p not in tiered))
+        if a.hybrid is not None and a.tier is not None:
+            raise UserError("--hybrid D1,D2 is --policy hybrid --tier D1,D2: give one")
+        tiers = a.hybrid if a.hybrid is not None else a.tier
+        if tiered == ["dynamic"]:
+            tiers = str(a.slots)
+        return _simulate_hybrid(a, test, train, cost, tiers)
+    if a.tier is not None:
+        raise UserError("--tier goes with --policy hybrid")
     policies = a.policy or [p if p != "reelect" else f"reelect-{a.reelect_k}" for p in sim.POLICIES]
     try:
         res = sim.simulate(test, a.slots, policies, train=train, reelect_k=a.reelect_k,
@@ -155,22 +166,26 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel) -> int:  # noqa: ANN001
+def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_arg: str | None) -> int:  # noqa: ANN001
     from ..profiles import hybrid
     from ..profiles.profile import from_trace
 
+    mech = hybrid.ENGINE if a.mechanism == "engine" else hybrid.IDEAL
     try:
-        tiers = [int(x) for x in a.hybrid.split(",") if x.strip()] if a.hybrid else None
+        tiers = [int(x) for x in tiers_arg.split(",") if x.strip()] if tiers_arg else None
         layers, P = sim.token_matrix(test)
         n_expert = max(test.n_expert, int(P.max()) + 1)
         counts = from_trace(train if train is not None else test, max(layers) + 1, n_expert).counts[layers]
-        res = hybrid.sweep(P, counts, a.slots, cost, tiers)
+        res = hybrid.sweep(P, counts, a.slots, cost, tiers, mech=mech)
     except (TraceError, ValueError) as e:
         raise UserError(str(e)) from None
     print(f"{a.trace}: {len(P)} decode tokens; {a.slots} slots/layer = static core + dynamic tier; core from "
           f"{a.train or a.trace + ' (in sample: --train another trace to score out of sample)'}")
+    how = ("the engine's mechanism: misses on the CPU, prefetched into the tier a token later, one copy per layer in "
+           "flight" if mech == hybrid.ENGINE else "ideal: misses split between CPU and uploads now by cost, "
+           "overlapped; prefetches resident from the next token")
     print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
-          f"{cost.gpu_gbps} GB/s, base {cost.base_ms} ms; misses split between CPU and uploads by cost, overlapped")
+          f"{cost.gpu_gbps} GB/s, base {cost.base_ms} ms; {how}")
     print("| core + tier | policy | hit % | uploads now/token | prefetched/token | CPU experts/token | est. ms/token |")
     print("|---|---|---|---|---|---|---|")
     for r in res:
@@ -208,7 +223,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     si = sub.add_parser("simulate", help="replay a trace through residency policies (what-if)")
     si.add_argument("trace")
     si.add_argument("--slots", type=int, required=True)
-    si.add_argument("--policy", action="append", help="static-profile, static-oracle, lru, lfu-decay, reelect-K")
+    si.add_argument("--policy", action="append", help="static-profile, static-oracle, lru, lfu-decay, reelect-K; or "
+                    "alone: hybrid (a static core plus a dynamic tier, sweeping --tier) or dynamic (all slots a tier)")
+    si.add_argument("--tier", metavar="D1,D2", help="--policy hybrid: dynamic slots per layer to sweep (default 0, "
+                    "S/8, S/4, S/2, S)")
+    si.add_argument("--mechanism", choices=["engine", "ideal"], default="engine", help="--policy hybrid/dynamic: "
+                    "how misses reach VRAM: engine (what moeslots runs: CPU now, prefetch a token later, one copy "
+                    "per layer in flight; default) or ideal (also upload now and compute on the GPU)")
     si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
     si.add_argument("--reelect-k", type=int, default=16)
     si.add_argument("--reelect-window", type=int, default=64)
@@ -219,9 +240,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="uploads (default: the H200 box's from pinned memory; pageable: 5.3)")
     si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
     si.add_argument("--base-ms", type=float, default=h200.base_ms, help="non-expert time per token")
-    si.add_argument("--hybrid", nargs="?", const="", metavar="D1,D2", help="instead: a static core plus a dynamic "
-                    "tier of D slots, each miss computed on the CPU, uploaded now or prefetched by cost (default D: "
-                    "0, S/8, S/4, S/2, S)")
+    si.add_argument("--hybrid", nargs="?", const="", metavar="D1,D2", help="the same as --policy hybrid [--tier "
+                    "D1,D2]")
     si.add_argument("--union", type=int, metavar="W", help="instead: distinct experts on the CPU per layer for "
                     "batches of 1..W tokens (what an MTP verify batch reads)")
     si.set_defaults(func=cmd_simulate)

@@ -1,0 +1,145 @@
+"""`moeslots bench repick --policy hybrid,dynamic,auto`: the dynamic tier measured (engine.hybrid_tier) under replayed
+routing, beside the simulator's prediction for the same rows, core and rule (profiles.hybrid with the ENGINE
+mechanism: no uploads now, prefetches landing a token late, one per layer in flight)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...profiles import policy as policy_mod
+from ...profiles.costs import CostModel
+from ...profiles.hybrid import ENGINE, simulate_hybrid
+from ...profiles.plan import plan_from_counts
+from ...profiles.repick import Picks
+from ...profiles.simulate import layer_counts
+from .. import calibrate, replay
+from .. import stats as stats_mod
+from ..cache import SlotPlan
+from ..hybrid_tier import TierRunner, masks
+from ..model import Context, LoadOptions, Model
+
+
+@dataclasses.dataclass
+class TierRow:
+    routing: str
+    slots: int
+    policy: str                      # as asked (auto: what it chose follows in `chosen`)
+    tier: int                        # dynamic slots per layer
+    decode_tok_s: float
+    ms_per_token_median: float
+    hit_rate: float                  # native stats: picks served by the pack (core + tier)
+    tier_hits_per_token: float
+    cpu_per_token: float
+    uploads_per_token: float         # tier copies committed per token
+    mb_per_token: float
+    late: int                        # copies still in flight or queued when the run ended (dropped)
+    sim_hit_rate: float
+    sim_uploads_per_token: float
+    sim_cpu_per_token: float
+    sim_ms_per_token: float
+    chosen: str = ""                 # auto: its one-line reason
+
+
+def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
+              tier: int | None = None, n_decode: int = 128, profile_rows: int = 1024, threads: int | None = None,
+              mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None, wait: bool = False,
+              log: Callable[[str], None] = print) -> list[TierRow]:
+    """For each routing (a trace CSV or "uniform") replayed through the router: the plan of S slots is the top-S of
+    the first `profile_rows` rows; its last D slots are the tier; the timed decode replays the rows after them, the
+    tier stepping between decodes as in the engine (copies overlapped; wait=True: each commit waits for its copy,
+    the simulator's exact schedule). The simulator runs the same rows from the same core and tier."""
+    m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
+    f = m.facts
+    moe = [il for il in f.moe_layers if il < f.n_layer]
+    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap)[0]
+    ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
+    ctx.enable_stats(ring_rows=64 * (len(moe) + 2))
+    read = lambda rows: stats_mod.read(ctx.ptr, m.n_layer_all, f.n_expert, f.n_expert_used, rows)  # noqa: E731
+    toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n_decode + 16)]
+    rows: list[TierRow] = []
+    try:
+        for routing in routings:
+            full = (replay.uniform(profile_rows + n_decode + 16, len(moe), f.n_expert, f.n_expert_used, seed=7)
+                    if routing == "uniform" else replay.from_trace(Path(routing), f.n_expert, f.n_expert_used))
+            if full.n_rows < profile_rows + n_decode + 16:
+                raise ValueError(f"{routing}: {full.n_rows} decode rows, the benchmark needs "
+                                 f"{profile_rows + n_decode + 16}")
+            picks = full.per_layer(moe)
+            prof = picks[:profile_rows]
+            replay.set_replay(ctx.ptr, replay.ReplayTable(full.ids[profile_rows:profile_rows + n_decode + 16],
+                                                          full.source))
+            name = "uniform" if routing == "uniform" else Path(routing).stem
+            counts = layer_counts(prof, moe, f.n_expert)
+            P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
+            for s in slot_counts:
+                plan = SlotPlan(plan_from_counts(counts, s, moe))
+                for pol in policies:
+                    why = ""
+                    if pol == "auto":
+                        _, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost)
+                    else:
+                        d = policy_mod.tier_slots(pol, s, tier)
+                    row = _one(m, ctx, read, plan, d, cost, toks, P, wait=wait, pack_host=pack_host)
+                    row = dataclasses.replace(row, routing=name, policy=pol, chosen=why)
+                    rows.append(row)
+                    log(render_tier_row(row))
+    finally:
+        replay.set_replay(ctx.ptr, None)
+        ctx.close()
+        m.close()
+    return rows
+
+
+def _one(m: Model, ctx: Context, read: Callable[[int], "stats_mod.RoutingStats"], plan: SlotPlan, d: int,
+         cost: CostModel, toks: list[int], P: np.ndarray, *, wait: bool,
+         pack_host: bool) -> TierRow:
+    f = m.facts
+    s = plan.slots_per_layer
+    m.set_slots(plan, pack_host=pack_host, spare=d > 0)
+    ctx.reset()
+    ctx.decode(toks[:12], prompt=True)                             # rows 0..11: prompt
+    for t in toks[12:16]:                                         # rows 12..15: graphs
+        ctx.decode([t])
+    stats_mod.reset(ctx.ptr)
+    runner = TierRunner(m.ptr, plan, d, cost, read, n_expert=f.n_expert, k=f.n_expert_used, wait=wait) if d else None
+    per = []
+    try:
+        for t in toks[16:16 + len(P)]:
+            t1 = time.perf_counter()
+            ctx.decode([t])
+            if runner is not None:
+                runner.step(1)
+            per.append(time.perf_counter() - t1)
+        late = runner.counts.decided - runner.counts.landed if runner is not None else 0
+    finally:
+        if runner is not None:
+            runner.close()
+    st = ctx.read_stats()
+    n = len(per)
+    c = runner.counts if runner is not None else None
+    core, first = masks(plan, d, f.n_expert)
+    sim = simulate_hybrid(P, core, d, cost, initial=first, mech=ENGINE)
+    L, k = P.shape[1], P.shape[2]
+    return TierRow("", s, "", d, n / sum(per), 1000 * statistics.median(per), st.hit_rate,
+                   c.tier_hits / n if c else 0.0, int(st.misses.sum()) / n, c.landed / n if c else 0.0,
+                   c.bytes / n / 1e6 if c else 0.0, late, sim.hit_rate, sim.prefetch_per_token,
+                   (1 - sim.hit_rate) * L * k, sim.ms_per_token)
+
+
+TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hit % | tier picks/token | CPU picks/token | "
+               "uploads/token | MB/token | sim hit % | sim uploads/token | sim CPU/token | sim ms/token |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def render_tier_row(r: TierRow) -> str:
+    pol = r.policy if r.policy != "auto" else f"auto -> {policy_mod.name(r.slots, r.tier)}"
+    return (f"| {r.routing} | {r.slots} | {pol} | {r.slots - r.tier} + {r.tier} | {r.decode_tok_s:.1f} | "
+            f"{r.ms_per_token_median:.2f} | {100 * r.hit_rate:.1f} | {r.tier_hits_per_token:.2f} | "
+            f"{r.cpu_per_token:.2f} | {r.uploads_per_token:.2f} | {r.mb_per_token:.2f} | {100 * r.sim_hit_rate:.1f} | "
+            f"{r.sim_uploads_per_token:.2f} | {r.sim_cpu_per_token:.2f} | {r.sim_ms_per_token:.2f} |")
