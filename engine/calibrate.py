@@ -1,13 +1,18 @@
 """`moeslots doctor --calibrate MODEL`: this machine's costs, measured with the engine itself, for the simulator's
-cost model (and so for `--repick auto` / the what-if line).
+cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
 
-- upload rate: re-pick swaps (`cache.swap`, one slab host -> pack) timed from the model's host weights, from
-  pageable memory (mmap, the default load) and from pinned memory (a second load without mmap: CUDA_Host);
-- CPU expert rate and the per-token base: decode with uniform replayed routing at 0 slots and at S slots; the
-  picks moved to the GPU are exactly known from the native stats, so
-  cpu_gbps = (CPU bytes/token at 0 - at S) / (t0 - tS) and base_ms = t0 - CPU bytes at 0 / cpu_gbps.
+- upload rates (with a GPU): re-pick swaps (`cache.swap`, one slab host -> pack) from the model's host weights,
+  from pageable memory (mmap, the default load) and from pinned memory (a second load without mmap: CUDA_Host),
+  each as single copies (one swap timed on its own, the median: a prefetch's latency) and batched (a run of swaps
+  over every layer timed as a whole: a re-pick's or a tier job's throughput). Batched copies through one pinned
+  staging buffer on a copy stream are the cache rewrite's (issue 18); these are the copies the cache makes today.
+- CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): decode with
+  uniform replayed routing at 0 slots and at S slots; the picks moved to the GPU are exactly known from the native
+  stats, so cpu_gbps = (CPU bytes/token at 0 - at S) / (t0 - tS) and base_ms = t0 - CPU bytes at 0 / cpu_gbps.
   Without a GPU (hot packs in host memory) both chains run on the CPU and t0 ~ tS: the rate is then the 0-slot
   routed bytes over the whole token time (a lower bound), and the result says so.
+- Without a GPU there is no PCIe to measure: the upload rates stay 0, `unmeasured` says so, and the cost model
+  takes the H200 box's (profiles.costs) for them; the host-to-host copy rate is kept for information only.
 
 Results are kept per machine (host name + GPU) in config.toml under [calibration."<machine>"].
 """
@@ -29,7 +34,7 @@ from . import cache, native, replay
 from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
-from .model import Context, LoadOptions, Model
+from .model import Context, LoadOptions, Model, default_threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,19 +48,35 @@ class Calibration:
     cpu_gbps: float
     base_ms: float
     method: str                        # "split" (GPU) or "cpu-only lower bound"
+    threads: int = 0                   # the thread count cpu_gbps and base_ms were measured at (0: not recorded)
+    cpu_threads: tuple[int, ...] = ()  # CPU expert rate by thread count: these counts...
+    cpu_gbps_threads: tuple[float, ...] = ()   # ...and the rate at each
+    upload_pageable_single_gbps: float = 0.0   # one slab at a time (median); the fields above: batched
+    upload_pinned_single_gbps: float = 0.0
+    host_copy_gbps: float = 0.0        # no GPU: the host-to-host pack copies (information, not PCIe)
+    unmeasured: str = ""               # what this machine could not measure, and what the costs use instead
 
-    def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False) -> CostModel:
+    def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False,
+                   threads: int | None = None) -> CostModel:
         """pinned: the experts live in pinned host memory (loaded without mmap); an mmap'ed model's re-pick
-        copies come from pageable memory (4x slower on the H200 box)."""
+        copies come from pageable memory (4x slower on the H200 box). Unmeasured uploads (no GPU): the H200 box's.
+        threads: the CPU rate measured at that thread count, when it was."""
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
-        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_gbps, pcie_gbps=pcie,
-                         base_ms=self.base_ms)
+        pcie = pcie or CostModel.h200(pinned=pinned).pcie_gbps
+        cpu = dict(zip(self.cpu_threads, self.cpu_gbps_threads)).get(threads or 0, 0.0) or self.cpu_gbps
+        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=cpu, pcie_gbps=pcie, base_ms=self.base_ms)
 
     def render(self) -> str:
-        pinned = f"{self.upload_pinned_gbps:.1f} GB/s pinned, " if self.upload_pinned_gbps else ""
-        return (f"{self.machine}: uploads {pinned}{self.upload_pageable_gbps:.1f} GB/s pageable; CPU experts "
-                f"{self.cpu_gbps:.1f} GB/s; base {self.base_ms:.2f} ms/token ({self.method}; model {self.model}, "
-                f"slab {self.slab_mb:.2f} MB, {self.date})")
+        up = [f"{v:.1f} GB/s {what}" for v, what in (
+            (self.upload_pinned_gbps, "pinned batched"), (self.upload_pinned_single_gbps, "pinned single"),
+            (self.upload_pageable_gbps, "pageable batched"), (self.upload_pageable_single_gbps, "pageable single"))
+            if v]
+        by = ", ".join(f"{t}: {g:.1f}" for t, g in zip(self.cpu_threads, self.cpu_gbps_threads))
+        return (f"{self.machine}: uploads {'; '.join(up) or 'not measured'}; CPU experts {self.cpu_gbps:.1f} GB/s"
+                f"{f' at {self.threads} threads' if self.threads else ''}{f' (by threads {by})' if by else ''}; "
+                f"base {self.base_ms:.2f} ms/token ({self.method}; model {self.model}, slab {self.slab_mb:.2f} MB, "
+                f"{self.date})" + (f"; host copies {self.host_copy_gbps:.1f} GB/s" if self.host_copy_gbps else "")
+                + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
 
 
 def machine_id() -> str:
@@ -77,15 +98,21 @@ def load(machine: str | None = None, path: Path | None = None) -> Calibration | 
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
         d = cfg.get("calibration", {}).get(machine or machine_id())
-        return Calibration(**d) if isinstance(d, dict) else None
+        if not isinstance(d, dict):
+            return None
+        c = Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        ok = all(isinstance(getattr(c, f.name), (int, float)) for f in dataclasses.fields(c)
+                 if f.type in ("float", "int"))
+        return c if ok else None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError):
         return None
 
 
-def costs_for(slab_bytes: int, *, pinned: bool) -> tuple[CostModel, str]:
-    """The costs every estimate uses (`--repick auto`, the slots line, `bench repick`'s simulator column): this
-    machine's calibration for a model of `slab_bytes` per expert, or the H200 box's (profiles.costs), and a line
-    saying which. pinned: the experts live in pinned host memory (loaded without mmap), else pageable."""
+def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None) -> tuple[CostModel, str]:
+    """The costs every estimate uses (`--repick auto`, `--policy auto`, the slots line, `bench repick`'s simulator
+    column): this machine's calibration for a model of `slab_bytes` per expert (the CPU rate at `threads` when
+    measured), or the H200 box's (profiles.costs), and a line saying which. pinned: the experts live in pinned host
+    memory (loaded without mmap), else pageable."""
     slab_mb = slab_bytes / 1e6 or CostModel.slab_mb
     kind = "pinned" if pinned else "pageable (mmap)"
     cal = load()
@@ -93,12 +120,15 @@ def costs_for(slab_bytes: int, *, pinned: bool) -> tuple[CostModel, str]:
         cost = CostModel.h200(slab_mb, pinned=pinned)
         return cost, (f"default costs (H200 box, {kind} uploads at {cost.pcie_gbps} GB/s): "
                       "run `moeslots doctor --calibrate MODEL` for this machine's")
-    cost = cal.cost_model(slab_mb, pinned=pinned)
-    return cost, f"costs calibrated on this machine {cal.date}, {kind} uploads at {cost.pcie_gbps:.1f} GB/s"
+    cost = cal.cost_model(slab_mb, pinned=pinned, threads=threads)
+    up = (f"{kind} uploads at {cost.pcie_gbps:.1f} GB/s" + (" (the H200 box's: not measurable here)"
+                                                             if cal.unmeasured else ""))
+    return cost, f"costs calibrated on this machine {cal.date}, {up}"
 
 
-def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> float:
-    """Time `rounds` swaps per layer of slot 0 (cycling through non-resident experts)."""
+def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> tuple[float, float]:
+    """Swaps of slot 0 cycling through non-resident experts: (batched: `rounds` swaps per layer timed as a whole,
+    single: the median of swaps timed one by one), GB/s."""
     m.set_slots(SlotPlan({il: (0,) for il in moe}), pack_host=pack_host)
     nbytes = 0
     t0 = time.perf_counter()
@@ -106,63 +136,96 @@ def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, round
         for il in moe:
             nbytes += cache.swap(m.ptr, il, 0, 1 + r % (n_expert - 1))
     dt = time.perf_counter() - t0
+    one = []
+    for r in range(rounds):
+        for il in moe:
+            t1 = time.perf_counter()
+            n = cache.swap(m.ptr, il, 0, 1 + (r + rounds) % (n_expert - 1))
+            if n:
+                one.append(n / (time.perf_counter() - t1))
     m.set_slots(SlotPlan({}), pack_host=pack_host)
-    return nbytes / dt / 1e9 if dt > 0 else 0.0
+    return (nbytes / dt / 1e9 if dt > 0 else 0.0), (float(np.median(one)) / 1e9 if one else 0.0)
+
+
+def thread_counts(top: int) -> list[int]:
+    """1, 2, 4, ... below `top`, then `top`."""
+    out, t = [], 1
+    while t < top:
+        out.append(t)
+        t *= 2
+    return out + [top]
+
+
+def _cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack_host: bool,
+              log: Callable[[str], None]) -> tuple[float, float, str]:
+    """(CPU expert GB/s, base ms/token, method) at `threads`, from 0 vs S slots under uniform replayed routing."""
+    f = m.facts
+    f_slab = f.slab_bytes / 1e6
+    ctx = Context(m, n_ctx=n_tokens + 64, threads=threads)
+    try:
+        ctx.enable_stats(ring_rows=0)
+        replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1))
+        rng = np.random.default_rng(0)
+        toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
+        res: dict[int, tuple[float, float]] = {}
+        for s in (0, S, 0, S):                        # twice each, interleaved: keep the second (warm) pass
+            m.set_slots(SlotPlan({il: tuple(range(s)) for il in moe} if s else {}), pack_host=pack_host)
+            ctx.reset()
+            ctx.decode(toks[:8], prompt=True)
+            ctx.decode([toks[8]])                     # graphs for this configuration
+            stats_mod.reset(ctx.ptr)
+            per = []
+            for t in toks[9:]:
+                t1 = time.perf_counter()
+                ctx.decode([t])
+                per.append(time.perf_counter() - t1)
+            st = ctx.read_stats()
+            misses = float(st.misses.sum()) / len(per)
+            res[s] = (float(np.median(per)) * 1e3, misses)
+            log(f"{threads} threads, {s} slots: {res[s][0]:.2f} ms/token, {misses:.1f} CPU picks/token")
+        m.set_slots(SlotPlan({}), pack_host=pack_host)
+    finally:
+        ctx.close()
+    (t0, c0), (ts, cs) = res[0], res[S]
+    cpu_mb_0 = c0 * f_slab
+    if not pack_host and t0 - ts > 0.05 * t0 and c0 > cs:
+        cpu_gbps = (c0 - cs) * f_slab / (t0 - ts)            # MB/ms = GB/s
+        return cpu_gbps, max(0.0, t0 - cpu_mb_0 / cpu_gbps), "split"
+    return (cpu_mb_0 / t0 if t0 > 0 else 0.0), 0.0, ("cpu-only lower bound" if pack_host
+                                                      else "lower bound (no measurable gain from slots)")
 
 
 def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slots: int | None = None,
         log: Callable[[str], None] = print) -> Calibration:
     pack_host = not native.gpus()
-    f_slab = 0.0
+    top = threads or default_threads()
     with Model(model_path, LoadOptions(experts_on_host=True, extra_bufts=not pack_host)) as m:
         f = m.facts
         moe = [il for il in f.moe_layers if il < f.n_layer]
         if not moe:
             raise EngineError(f"{model_path} has no MoE layers to calibrate with")
         f_slab = f.slab_bytes / 1e6
-        log("uploads from pageable memory (mmap)")
-        pageable = _upload_gbps(m, moe, f.n_expert, pack_host, rounds=4)
+        log("host-to-host pack copies (no GPU: not PCIe)" if pack_host else "uploads from pageable memory (mmap)")
+        pageable, pageable_1 = _upload_gbps(m, moe, f.n_expert, pack_host, rounds=4)
         S = slots if slots is not None else f.n_expert // 2
-        ctx = Context(m, n_ctx=n_tokens + 64, threads=threads)
-        try:
-            ctx.enable_stats(ring_rows=0)
-            replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1))
-            rng = np.random.default_rng(0)
-            toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
-            res: dict[int, tuple[float, float]] = {}
-            for s in (0, S, 0, S):                        # twice each, interleaved: keep the second (warm) pass
-                m.set_slots(SlotPlan({il: tuple(range(s)) for il in moe} if s else {}), pack_host=pack_host)
-                ctx.reset()
-                ctx.decode(toks[:8], prompt=True)
-                ctx.decode([toks[8]])                     # graphs for this configuration
-                stats_mod.reset(ctx.ptr)
-                per = []
-                for t in toks[9:]:
-                    t1 = time.perf_counter()
-                    ctx.decode([t])
-                    per.append(time.perf_counter() - t1)
-                st = ctx.read_stats()
-                misses = float(st.misses.sum()) / len(per)
-                res[s] = (float(np.median(per)) * 1e3, misses)
-                log(f"{s} slots: {res[s][0]:.2f} ms/token, {misses:.1f} CPU picks/token")
-            m.set_slots(SlotPlan({}), pack_host=pack_host)
-        finally:
-            ctx.close()
-    (t0, c0), (ts, cs) = res[0], res[S]
-    cpu_mb_0 = c0 * f_slab
-    if not pack_host and t0 - ts > 0.05 * t0 and c0 > cs:
-        cpu_gbps = (c0 - cs) * f_slab / (t0 - ts)            # MB/ms = GB/s
-        base = max(0.0, t0 - cpu_mb_0 / cpu_gbps)
-        method = "split"
-    else:
-        cpu_gbps = cpu_mb_0 / t0 if t0 > 0 else 0.0
-        base = 0.0
-        method = "cpu-only lower bound" if pack_host else "lower bound (no measurable gain from slots)"
-    pinned = 0.0
+        by = {t: _cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
+    cpu_gbps, base, method = by[top]
+    pinned = pinned_1 = 0.0
     if not pack_host:
         log("uploads from pinned memory (model loaded without mmap)")
         with Model(model_path, LoadOptions(experts_on_host=True, use_mmap=False)) as m2:
-            pinned = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
+            pinned, pinned_1 = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
+    host = 0.0
+    unmeasured = ""
+    if pack_host:
+        host, pageable, pageable_1 = pageable, 0.0, 0.0
+        h = CostModel.h200()
+        unmeasured = (f"PCIe uploads and the GPU's rate (no GPU); the costs use the H200 box's: uploads "
+                      f"{h.pcie_gbps} GB/s pinned, {CostModel.h200(pinned=False).pcie_gbps} GB/s pageable "
+                      f"(profiles/costs.py); the CPU rate is a lower bound")
     return Calibration(machine=machine_id(), date=time.strftime("%Y-%m-%d"), model=Path(model_path).name,
                        slab_mb=f_slab, upload_pageable_gbps=pageable, upload_pinned_gbps=pinned,
-                       cpu_gbps=cpu_gbps, base_ms=base, method=method)
+                       cpu_gbps=cpu_gbps, base_ms=base, method=method, threads=top,
+                       cpu_threads=tuple(by), cpu_gbps_threads=tuple(round(v[0], 3) for v in by.values()),
+                       upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
+                       host_copy_gbps=host, unmeasured=unmeasured)

@@ -150,7 +150,8 @@ class Engine:
 
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
-        return calibrate.costs_for(self.model.facts.slab_bytes, pinned=not self.model.opts.use_mmap)
+        return calibrate.costs_for(self.model.facts.slab_bytes, pinned=not self.model.opts.use_mmap,
+                                   threads=self.cfg.threads)
 
     def explain_slots(self) -> str:
         """One line on the slot count in use: what fits, and what the active profile predicts for it."""

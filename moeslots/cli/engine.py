@@ -71,14 +71,16 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     if a.calibrate:
         from ..engine import calibrate
 
-        print(f"calibrating with {a.calibrate} (uploads, CPU expert rate, per-token base)...", file=sys.stderr)
+        print(f"calibrating with {a.calibrate} (uploads, CPU expert rate by threads, per-token base)...",
+              file=sys.stderr)
         try:
             c = calibrate.run(Path(a.calibrate), threads=a.threads, log=lambda m: print(f"  {m}", file=sys.stderr))
         except (OSError, ValueError) as e:
             raise UserError(f"calibration failed: {e}") from None
         print(f"calibration      {c.render()}", flush=True)
         p = calibrate.save(c)
-        print(f"saved            {p} [calibration.\"{c.machine}\"]: --repick auto now uses these costs")
+        print(f"saved            {p} [calibration.\"{c.machine}\"]: --repick auto and --policy auto now use "
+              "these costs")
     else:
         from ..engine import calibrate
 
@@ -108,8 +110,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=cmd_engine_build)
 
     d = sub.add_parser("doctor", help="engine version, patched or not, GPUs and VRAM, CPU threads; calibration")
-    d.add_argument("--calibrate", metavar="MODEL", help="measure this machine's upload (pinned, pageable), CPU "
-                   "expert and per-token rates with MODEL and store them in config.toml for --repick auto")
+    d.add_argument("--calibrate", metavar="MODEL", help="measure this machine's upload (pinned, pageable; single "
+                   "and batched copies), CPU expert (by thread count) and per-token rates with MODEL and store them in "
+                   "config.toml for --repick auto and --policy auto (no GPU: uploads not measured, the H200 box's used)")
     d.add_argument("--threads", type=int, default=None)
     d.set_defaults(func=cmd_doctor)
 

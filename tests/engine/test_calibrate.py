@@ -26,15 +26,22 @@ def test_calibrate_save_load(cfg_home: Path) -> None:
     cfg_home.write_text('[app]\nslots = 8\n')
     logs: list[str] = []
     c = calibrate.run(bundled.model(), threads=2, n_tokens=8, log=logs.append)
-    assert c.upload_pageable_gbps > 0 and c.cpu_gbps > 0 and c.slab_mb > 0
-    assert c.method == "cpu-only lower bound" and c.upload_pinned_gbps == 0.0      # CI has no GPU
-    assert any("CPU picks/token" in line for line in logs)
+    assert c.cpu_gbps > 0 and c.slab_mb > 0 and c.threads == 2
+    assert c.cpu_threads == (1, 2) and all(g > 0 for g in c.cpu_gbps_threads)     # the CPU rate by thread count
+    assert c.method == "cpu-only lower bound"                                    # CI has no GPU: no PCIe to time,
+    assert c.upload_pinned_gbps == c.upload_pageable_gbps == 0.0                 # said, and the H200 box's used
+    assert c.upload_pinned_single_gbps == c.upload_pageable_single_gbps == 0.0 and c.host_copy_gbps > 0
+    assert "PCIe uploads" in c.unmeasured and "not measured: PCIe uploads" in c.render()
+    assert any("1 threads, 0 slots" in line for line in logs) and any("2 threads, 32 slots" in line for line in logs)
     calibrate.save(c)
     assert "[app]" in cfg_home.read_text() and calibrate.load() == c             # other tables kept
     cm = c.cost_model()
-    assert (cm.cpu_gbps, cm.pcie_gbps, cm.slab_mb) == (c.cpu_gbps, c.upload_pageable_gbps, c.slab_mb)
-    both = dataclasses.replace(c, upload_pinned_gbps=29.0)
-    assert both.cost_model(pinned=True).pcie_gbps == 29.0 and both.cost_model().pcie_gbps == c.upload_pageable_gbps
+    assert (cm.cpu_gbps, cm.pcie_gbps, cm.slab_mb) == (c.cpu_gbps, 5.3, c.slab_mb)
+    assert c.cost_model(pinned=True).pcie_gbps == 25.6
+    assert c.cost_model(threads=1).cpu_gbps == c.cpu_gbps_threads[0]
+    assert "the H200 box's: not measurable here" in calibrate.costs_for(int(c.slab_mb * 1e6), pinned=False)[1]
+    both = dataclasses.replace(c, upload_pinned_gbps=29.0, upload_pageable_gbps=7.0)
+    assert both.cost_model(pinned=True).pcie_gbps == 29.0 and both.cost_model().pcie_gbps == 7.0
     assert calibrate.load(machine="another host / GPU") is None
 
 
@@ -78,3 +85,16 @@ def test_slots_auto_says_why(cfg_home: Path) -> None:
         assert "default costs" in line
     finally:
         eng.close()
+
+
+def test_an_entry_from_before_the_thread_and_single_copy_fields_loads(cfg_home: Path) -> None:
+    """Calibrations saved before the CPU-rate-by-threads and single/batched upload fields still load (their
+    defaults: none measured), and their cost model is what it was."""
+    cfg_home.parent.mkdir(parents=True)
+    cfg_home.write_text(f'[calibration."{calibrate.machine_id()}"]\nmachine = "m"\ndate = "2026-12-03"\nmodel = "x"\n'
+                        'slab_mb = 3.0\nupload_pageable_gbps = 6.7\nupload_pinned_gbps = 26.8\ncpu_gbps = 80.0\n'
+                        'base_ms = 3.0\nmethod = "split"\n')
+    c = calibrate.load()
+    assert c is not None and c.cpu_threads == () and c.unmeasured == ""
+    assert (c.cost_model().pcie_gbps, c.cost_model(pinned=True).pcie_gbps, c.cost_model(threads=4).cpu_gbps) == \
+        (6.7, 26.8, 80.0)
