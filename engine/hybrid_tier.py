@@ -36,7 +36,7 @@ class TierCounts:
     tokens: int = 0              # decode tokens run through the rule
     core_hits: int = 0           # picks served by the static core
     tier_hits: int = 0           # picks served by the tier
-    cpu: int = 0                 # picks computed on the CPU (distinct per layer and token)
+    cpu: int = 0                 # picks computed on the CPU
     decided: int = 0             # prefetches decided
     landed: int = 0              # prefetches committed (resident)
     bytes: int = 0               # bytes copied for them
@@ -74,7 +74,8 @@ class TierRunner:
             s = self.rule.step(ids)
             c = self.counts
             c.tokens += 1
-            c.core_hits, c.tier_hits, c.cpu = c.core_hits + s.core_hits, c.tier_hits + s.tier_hits, c.cpu + s.cpu
+            c.core_hits, c.tier_hits = c.core_hits + s.core_hits, c.tier_hits + s.tier_hits
+            c.cpu += ids.size - s.core_hits - s.tier_hits                  # picks (a mapped trace may repeat one)
             c.decided += len(s.prefetches)
             self._queue += [(self.layers[l], e) for l, e, _ in s.prefetches]
         plan = self._commit()

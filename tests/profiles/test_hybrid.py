@@ -69,6 +69,46 @@ def test_a_tier_follows_drifting_routing_and_dear_uploads_keep_the_core() -> Non
     assert dear[1].sync_uploads_per_token == 0 and dear[0].ms_per_token <= dear[1].ms_per_token
 
 
+def test_the_engine_mechanism_lands_a_token_later_one_per_layer() -> None:
+    """IDEAL: a prefetch decided at token t is resident at t + 1; ENGINE (the cache today): staged while t + 1
+    decodes, committed after it, resident at t + 2; one copy per layer in flight; no uploads now."""
+    P = np.zeros((4, 1, 1), np.int32)                          # expert 0, four times; the tier holds expert 7
+    core, first = np.zeros((1, 8), bool), np.zeros((1, 8), bool)
+    first[0, 7] = True
+    cost = CostModel(slab_mb=1.0, pcie_gbps=1e6)
+    ideal = hybrid.simulate_hybrid(P, core, 1, cost, initial=first)
+    eng = hybrid.simulate_hybrid(P, core, 1, cost, initial=first, mech=hybrid.ENGINE)
+    assert (ideal.hit_rate, eng.hit_rate) == (0.75, 0.5)
+    assert ideal.sync_uploads_per_token == 1 / 4 and eng.sync_uploads_per_token == 0   # ideal uploaded it at once
+    P2 = np.array([[[0, 1]], [[2, 3]], [[0, 1]], [[0, 1]]], np.int32)   # two misses a token, a tier of 2
+    first2 = np.zeros((1, 8), bool)
+    first2[0, 6:] = True
+    rule = hybrid.Tier(core, 2, cost, initial=first2, mech=hybrid.ENGINE)
+    s0 = rule.step(P2[0])
+    assert [p[:2] for p in s0.prefetches] == [(0, 1)] and rule.pending == {0: (1, 6)}   # one, the higher id on
+    assert rule.step(P2[1]).prefetches == []                                          # ties; none while in flight
+    assert rule.land(0) == (1, 6) and rule.in_tier[0, 1] and not rule.in_tier[0, 6]
+    with pytest.raises(ValueError, match="one copy in flight"):
+        hybrid.Mechanism(lag=1)
+
+
+def test_choose_policy_by_cost() -> None:
+    from moeslots.profiles.policy import choose_policy, tier_slots
+    from moeslots.profiles.repick import Picks
+
+    P = _drifting(600, 2, 64, 4, hot=8, every=150)
+    pk = Picks(P, [0, 1], 64)
+    cheap = choose_policy(pk, 16, CostModel(slab_mb=3.0, cpu_gbps=5.0, pcie_gbps=55.0))
+    assert cheap[0] in ("hybrid", "dynamic") and cheap[1] > 0 and "faster" in cheap[2], cheap
+    assert choose_policy(pk, 16, CostModel(slab_mb=3.0, cpu_gbps=5.0, pcie_gbps=55.0)) == cheap   # deterministic
+    dear = choose_policy(pk, 16, CostModel(slab_mb=3.0, pcie_gbps=0.01))
+    assert dear[:2] == ("static", 0) and dear[2].startswith("static: "), dear
+    assert (tier_slots("static", 16), tier_slots("hybrid", 16), tier_slots("hybrid", 16, 3),
+            tier_slots("dynamic", 16), tier_slots("hybrid", 0)) == (0, 4, 3, 16, 0)
+    with pytest.raises(ValueError):
+        tier_slots("hybrid", 4, 5)
+
+
 def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     trace = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
     run = lambda *a: subprocess.run([sys.executable, "-m", "moeslots", "simulate", str(trace), *a],  # noqa: E731
@@ -79,3 +119,10 @@ def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     assert len(rows) == 2 and "| static |" in rows[0] and "| hybrid |" in rows[1]
     bad = run("--slots", "16", "--hybrid", "99")
     assert bad.returncode == 2 and "tier 99 outside 0..16" in bad.stderr and "Traceback" not in bad.stderr
+    alias = run("--slots", "16", "--policy", "hybrid", "--tier", "0,8", "--slab-mb", "0.035")
+    assert alias.returncode == 0 and [ln for ln in alias.stdout.splitlines() if ln.startswith("| ")][1:] == rows
+    assert "the engine's mechanism" in alias.stdout
+    ideal = run("--slots", "16", "--policy", "dynamic", "--mechanism", "ideal", "--slab-mb", "0.035")
+    assert ideal.returncode == 0 and "| 0 + 16 | dynamic |" in ideal.stdout and "ideal:" in ideal.stdout
+    mixed = run("--slots", "16", "--policy", "hybrid", "--policy", "lru")
+    assert mixed.returncode == 2 and "runs alone" in mixed.stderr

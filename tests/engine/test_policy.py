@@ -1,0 +1,199 @@
+"""Residency policies (`--policy static|hybrid|dynamic|auto`, engine.hybrid_tier): the tier moves experts between
+decodes and the output never changes (bit-identical logits to the stock run, the same greedy text as the static
+cache), and the simulator (profiles.hybrid with the ENGINE mechanism) predicts the engine's hits and uploads exactly
+on the same replayed routing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exactness import _tokens, assert_identical
+from moeslots.engine import calibrate, replay
+from moeslots.engine import stats as stats_mod
+from moeslots.engine.bench import tier as tier_bench
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
+from moeslots.engine.hybrid_tier import TierRunner, masks
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
+CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)   # prefetches pay
+DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)  # uploads never fit
+CHUNKS = [1, 2, 3, 1, 1, 4, 1, 1, 5, 1, 1, 8, 1, 1, 1, 2, 1, 1]
+
+
+def _script(ctx: Context, step: "TierRunner | None") -> list[np.ndarray]:
+    """A prompt, then decode batches of 1..8 tokens with the tier stepping between them; every row's logits."""
+    ctx.reset()
+    out: list[np.ndarray] = []
+    prompt = _tokens(ctx.model.n_vocab, 20, 0)
+    ctx.decode(prompt, all_logits=True, prompt=True)
+    out += [ctx.logits(i).copy() for i in range(len(prompt))]
+    toks = _tokens(ctx.model.n_vocab, sum(CHUNKS), 1)
+    pos = 0
+    for c in CHUNKS:
+        ctx.decode(toks[pos:pos + c], all_logits=True)
+        out += [ctx.logits(i).copy() for i in range(c)]
+        if step is not None:
+            step.step(c)
+        pos += c
+    return out
+
+
+@pytest.mark.parametrize("tier", [2, 6])                   # hybrid (4 core + 2 tier), dynamic (all 6)
+def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        ctx.enable_stats(ring_rows=4096)
+        stock = _script(ctx, None)
+        plan = SlotPlan.uniform(f.moe_layers, 6, f.n_expert)
+        m.set_slots(plan, pack_host=True, spare=True)
+        read = lambda rows: stats_mod.read(ctx.ptr, m.n_layer_all, f.n_expert, f.n_expert_used, rows)  # noqa: E731
+        runner = TierRunner(m.ptr, plan, tier, CHEAP, read, n_expert=f.n_expert, k=f.n_expert_used, wait=True)
+        try:
+            got = _script(ctx, runner)
+        finally:
+            runner.close()
+        assert_identical(stock, got, f"tier of {tier}")
+        assert runner.counts.landed >= 5 and runner.counts.failed == 0     # the tier did move
+        assert runner.plan != plan and all(runner.plan.slots_of(il)[:6 - tier] == plan.slots_of(il)[:6 - tier]
+                                           for il in f.moe_layers)        # the core never moves
+
+
+def _reply(e: Engine, ask: str) -> str:
+    e.new_chat()
+    return "".join(ev.text for ev in e.chat([Message("user", ask)]) if isinstance(ev, TextDelta))
+
+
+def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
+    """static, hybrid, dynamic through the Engine, with MTP drafts (verify batches): the same greedy replies as 0
+    slots; the tier's commits show in the plan, the snapshot's split and the uploads."""
+    texts = {}
+    for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6)):
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=True, policy=policy,
+                                slots=SlotPlan.uniform([1, 2], slots, 16) if slots else 0, tier_wait=True))
+        try:
+            texts[policy, slots] = [_reply(e, "tell me about the experts"), _reply(e, "and more")]
+            snap = e.snapshot()
+            core, tier, cpu = snap.split_per_token
+            if policy in ("hybrid", "dynamic"):
+                assert snap.policy == policy and snap.tier_slots == (1 if policy == "hybrid" else 6)
+                assert snap.policy_line.startswith(f"{policy}: {6 - snap.tier_slots} core + {snap.tier_slots} tier")
+                assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
+                assert (core == 0) == (policy == "dynamic")
+                assert e._plan != SlotPlan.uniform([1, 2], 6, 16)
+            else:
+                assert snap.policy == "static" and tier == 0 and snap.tier_uploads_per_token == 0
+                assert snap.policy_line == ("static" if slots else "")
+            assert core + tier + cpu > 0
+        finally:
+            e.close()
+    assert len({tuple(v) for v in texts.values()}) == 1, texts
+
+
+def test_the_simulator_predicts_the_engine(tiny_glm: Path) -> None:
+    """The Engine's hybrid tier on replayed routing (the bundled chat trace), each commit waiting for its copy: the
+    native stats' hits, the tier's hits and its uploads equal the simulator's on the same rows, from the same core,
+    first tier and costs."""
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=64, mtp=False, policy="hybrid",
+                            tier=3, slots=SlotPlan.uniform([1, 2], 8, 16, offset=5), tier_wait=True))
+    try:
+        f = e.model.facts
+        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
+        replay.set_replay(e.ctx.ptr, table)
+        runner = e.residency.tier
+        assert runner is not None
+        plan0, cost = runner.plan, runner.cost
+        stats_mod.reset(e.ctx.ptr)
+        _reply(e, "hi")
+        n, end = runner.counts.tokens, e.ctx.n_past
+        assert n >= 60
+        P = table.per_layer([1, 2])[end - n:end]                            # the decode positions' rows
+        core, first = masks(plan0, 3, f.n_expert)
+        sim = simulate_hybrid(P, core, 3, cost, initial=first, mech=ENGINE)
+        st = e.ctx.read_stats()
+        assert st.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
+        assert runner.counts.landed == round(sim.prefetch_per_token * n) > 5
+        assert runner.counts.tier_hits == round(sim.tier_hit_rate * sim.hit_rate * n * 2 * 4)
+        snap = e.snapshot()
+        assert snap.split_per_token[2] * n == pytest.approx(int(st.misses.sum()))
+    finally:
+        e.close()
+
+
+def test_bench_rows_agree_with_their_simulator_column(tiny_glm: Path) -> None:
+    """`bench repick --policy ... --tier-wait`: each row's measured hits and uploads are the simulator's; dear
+    uploads copy nothing and auto then keeps static."""
+    rows = tier_bench.run_tiers(tiny_glm, [8], ["hybrid", "dynamic"], [str(CHAT)], n_decode=48, profile_rows=256,
+                                threads=2, pack_host=True, cost=CHEAP, wait=True, log=lambda _: None)
+    for r in rows:
+        assert (r.hit_rate, r.uploads_per_token) == (pytest.approx(r.sim_hit_rate, abs=1e-12),
+                                                     pytest.approx(r.sim_uploads_per_token, abs=1e-12))
+        assert r.uploads_per_token > 0 and r.cpu_per_token == pytest.approx(r.sim_cpu_per_token)
+    dear = tier_bench.run_tiers(tiny_glm, [8], ["hybrid", "auto"], [str(CHAT)], n_decode=24, profile_rows=256,
+                                threads=2, pack_host=True, cost=DEAR, wait=True, log=lambda _: None)
+    assert dear[0].uploads_per_token == dear[0].sim_uploads_per_token == 0
+    assert dear[1].tier == 0 and dear[1].chosen.startswith("static")
+
+
+@pytest.fixture()
+def cfg_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _drift_profile(path: Path) -> Path:
+    """Experts 0-3 for 300 tokens, then 8-11: a profile whose second half a static core from its first misses."""
+    path.write_text("# arch=glm4moe n_layer=4 n_expert=16 k=4\npos,layer,id0,id1,id2,id3\n" + "".join(
+        f"{t},{il},{','.join(str(x + 8 * (t >= 300)) for x in range(4))}\n" for t in range(600) for il in (1, 2)))
+    return path
+
+
+def test_policy_auto_follows_the_calibration(tiny_glm: Path, tmp_path: Path, cfg_home: Path) -> None:
+    prof = _drift_profile(tmp_path / "drift.csv")
+    base = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-03", model="m", slab_mb=1.0,
+                                 upload_pageable_gbps=1e3, upload_pinned_gbps=0.0, cpu_gbps=1.0, base_ms=1.0,
+                                 method="split")
+    got = {}
+    for name, cal in (("cheap", base), ("dear", dataclasses_replace(base, upload_pageable_gbps=1e-6))):
+        calibrate.save(cal)
+        e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, slots=6, profile=prof,
+                                policy="auto", mmap=True))
+        try:
+            snap = e.snapshot()
+            got[name] = (snap.policy, snap.tier_slots, snap.policy_line)
+        finally:
+            e.close()
+    assert got["cheap"][0] in ("hybrid", "dynamic") and got["cheap"][1] > 0, got
+    assert got["cheap"][2].startswith(f"auto: {got['cheap'][0]}: ") and "calibrated on this machine" in got["cheap"][2]
+    assert got["dear"][:2] == ("static", 0) and got["dear"][2].startswith("auto: static: "), got
+
+
+def dataclasses_replace(c: calibrate.Calibration, **kw: float) -> calibrate.Calibration:
+    import dataclasses
+
+    return dataclasses.replace(c, **kw)
+
+
+def test_policy_and_repick_are_one_or_the_other(tiny_glm: Path) -> None:
+    from moeslots.engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="both move slots"):
+        Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, policy="hybrid", repick_every=4,
+                            slots=SlotPlan.uniform([1, 2], 4, 16)))
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, policy="hybrid", max_tokens=8,
+                            slots=SlotPlan.uniform([1, 2], 4, 16)))
+    try:
+        assert e.residency.tier is not None
+        e.set_repick(4)                                   # F3: re-picks win, the tier stops
+        assert e.residency.tier is None and e.snapshot().policy == "static" and e.cfg.policy == "static"
+        _reply(e, "hi")
+        assert e.snapshot().repicks > 0
+    finally:
+        e.close()
