@@ -52,6 +52,8 @@ class TierRunner:
         self.plan = plan
         self.layers = sorted(plan.layers)
         self.col = {il: j for j, il in enumerate(self.layers)}
+        self._colmap = np.full(max(self.layers, default=0) + 1, -1, np.int64)     # model layer -> column
+        self._colmap[self.layers] = np.arange(len(self.layers))
         core, first = masks(plan, tier, n_expert)
         self.tier, self.cost = tier, cost
         self.rule = Tier(core, tier, cost, initial=first, mech=mech)
@@ -93,20 +95,16 @@ class TierRunner:
         written = self._written(st)
         new, self._seen = written - self._seen, written
         rows = st.ring[len(st.ring) - min(max(new, 0), len(st.ring)):]
-        rows = rows[(rows[:, 0] >= 0) & np.isin(rows[:, 1], self.layers)]
-        out: list[np.ndarray] = []
+        col = self._colmap[np.clip(rows[:, 1], 0, self._colmap.size - 1)]
+        keep = (rows[:, 0] >= 0) & (col >= 0) & (rows[:, 1] < self._colmap.size)
+        rows, col = rows[keep], col[keep]
         if not len(rows):
-            return out
-        by_pos: dict[int, dict[int, np.ndarray]] = {}
-        for i in range(len(rows)):
-            by_pos.setdefault(int(rows[i, 0]), {})[int(rows[i, 1])] = rows[i, 2:2 + self.k]
-        for pos in dict.fromkeys(int(p) for p in rows[:, 0]):
-            got = by_pos[pos]
-            if len(got) == len(self.layers):
-                ids = np.stack([got[il] for il in self.layers])
-                if ((ids >= 0) & (ids < self.n_expert)).all():
-                    out.append(ids.astype(np.int64))
-        return out
+            return []
+        pos, inv = np.unique(rows[:, 0], return_inverse=True)
+        ids = np.full((pos.size, len(self.layers), self.k), -1, np.int64)
+        ids[inv, col] = rows[:, 2:2 + self.k]                   # a (pos, layer) written twice: its last row
+        ok = ((ids >= 0) & (ids < self.n_expert)).all(axis=(1, 2))
+        return list(ids[ok])
 
     def _commit(self, wait: bool | None = None) -> SlotPlan | None:
         job = self._job
