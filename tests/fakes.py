@@ -1,31 +1,42 @@
-"""Fakes shared by the tests: FakeEngine, the engine as the app sees it (engine.api.Engine), scripted."""
+"""Fakes shared by the tests: FakeEngine, the engine as the app sees it (engine.api.Engine), scripted; FastEngine
+(tokens as fast as it can)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from moeslots.engine.api import Done, LayerSnapshot, Snapshot, TextDelta, TurnStats
+from moeslots.engine.api import Done, LayerSnapshot, Sampling, Snapshot, TextDelta, TurnStats
 
 
 class FakeEngine:
-    """The engine as the app sees it (engine.api.Engine), scripted: a reply word by word, a fixed snapshot."""
+    """The engine as the app sees it (engine.api.Engine), scripted: a reply word by word, a fixed snapshot of
+    `layers` MoE layers (numbered from 1) with `slots` of `n_expert` experts each; recent hits follow a fixed
+    pattern (snapshots are deterministic)."""
 
-    def __init__(self, reply: str = "Hello **there**, this is a reply.", delay: float = 0.0):
-        self.reply, self.delay = reply, delay
-        self.load_line = "expert cache: 2 layers x 4 slots, 1.0 MiB uploaded to host memory"
+    def __init__(self, reply: str = "Hello **there**, this is a reply.", delay: float = 0.0, *, slots: int = 4,
+                 layers: int = 2, n_expert: int = 16, prefill: float = 0.0):
+        self.reply, self.delay, self.prefill = reply, delay, prefill
+        self.n_layers, self.n_expert = layers, n_expert
+        self.load_line = f"expert cache: {layers} layers x {slots} slots, 1.0 MiB uploaded to host memory"
         self.notices: list[str] = []
-        self.slots = 4
+        self.slots = slots
         self.recording = False
         self.recorded_tokens = 0
         self.repick_every = 0
-        self.profile: Path | None = None
+        self.profile: Path | None = Path("fake-profile.csv")
         self.seen: list = []
+        self.sampling_seen: list[Sampling | None] = []
+        self.whatif = f"what-if @{slots}: static 60 %  lru 40 %  re-elect 55 %"
+        self.mtp = (7, 10)                                  # accepted, drafted
 
-    def chat(self, messages, cancel=None):  # noqa: ANN001
+    def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001
         self.seen.append(list(messages))
+        self.sampling_seen.append(sampling)
         words = self.reply.split(" ")
         out = []
+        if self.prefill:                                   # the prompt being read: no text, no look at cancel
+            time.sleep(self.prefill)
         for i, w in enumerate(words):
             if self.delay:
                 time.sleep(self.delay)
@@ -37,17 +48,26 @@ class FakeEngine:
         yield Done(TurnStats(5, 0.01, len(out), 0.1, cancel is not None and cancel.is_set(), 0.5), "".join(out))
 
     def snapshot(self) -> Snapshot:
-        layers = tuple(LayerSnapshot(il, tuple(range(self.slots)), tuple(range(self.slots, 0, -1)),
-                                     tuple([10] * self.slots), 0.5, 0.4) for il in (1, 2))
-        return Snapshot("fake", self.load_line, layers, 0.6, 3.2, 0.0, 42.0, (30.0, 42.0), 500.0, 10, 7,
-                        1 << 20, self.recording, False, "what-if @4: static 60 %  lru 40 %  re-elect 55 %",
-                        repick_every=self.repick_every)
+        n = self.slots
+        layers = tuple(LayerSnapshot(il, tuple(range(n)) if n <= 4 else tuple((il * 7 + j) % self.n_expert
+                                                                                for j in range(n)),
+                                     tuple((j * 13 + il * 29) % 37 if n > 4 else n - j for j in range(n)),
+                                     tuple([10] * n), 0.5, ((il * 17) % 23) / 40 if n > 4 else 0.4)
+                       for il in range(1, self.n_layers + 1))
+        return Snapshot("fake", self.load_line, layers, 0.6, 3.2, 0.0, 42.0, (30.0, 42.0), 500.0, self.mtp[1],
+                        self.mtp[0], 1 << 20, self.recording, False, self.whatif, repick_every=self.repick_every,
+                        n_expert=self.n_expert)
 
     def set_slots(self, n):  # noqa: ANN001
+        if self.profile is None and n not in (0, None):       # as the engine words it (command-line flags)
+            raise ValueError(f"--slots {n} needs a profile to choose the experts: record one with `moeslots record "
+                             "MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
         if n == 99:
-            raise ValueError("99 slots: the model has 16 experts")
+            raise ValueError("99 slots per layer do not fit: 9.9 GiB needed, 2.0 GiB free")
+        if n == "auto":
+            n = 12
         self.slots = n
-        self.load_line = f"expert cache: 2 layers x {n} slots"
+        self.load_line = f"expert cache: {self.n_layers} layers x {n} slots"
         return self.load_line
 
     def start_recording(self) -> None:
@@ -90,7 +110,7 @@ class FastEngine(FakeEngine):
         self._snap = Snapshot("fake", "fake", (LayerSnapshot(1, (0, 1), (1, 1), (1, 1), 0.5, 0.5),), 0.5, 1.0, 0.0,
                               0.0, (), 0.0, 0, 0, 0, False, False)
 
-    def chat(self, messages, cancel=None):  # noqa: ANN001, ANN201
+    def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001, ANN201
         words = []
         for i in range(self.n):
             w = f"w{i}" + ("\n\n" if i % 40 == 39 else " ")

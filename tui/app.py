@@ -1,8 +1,10 @@
-"""The moeslots terminal app: chat on the left, the live cache inspector on the right (a tab on narrow terminals).
+"""The moeslots terminal app: chat on the left, the live cache inspector on the right (below 110 columns it is
+hidden, and Ctrl+T shows it in place of the chat, as a tab).
 
 It only draws engine snapshots: every engine call runs in a worker thread; a reply's text reaches the screen ten
 times a second (tui/stream.py: the generating thread never waits on the UI, an update costs the new text), the
-inspector polls `engine.snapshot()` every 250 ms while visible and redraws only what changed.
+inspector polls `engine.snapshot()` every 250 ms while visible and redraws only what changed. The chat itself is
+tui/chatflow.py, the engine keys tui/actions.py, the keys and their ids tui/keys.py, dialogs tui/screens/.
 """
 
 from __future__ import annotations
@@ -12,53 +14,46 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.message import Message as TMessage
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Markdown, Static
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Static
 
-from ..engine.api import Done, Engine, Message, TextDelta
+from ..engine.api import Engine, TurnStats
+from . import keys
 from .actions import EngineActions
-from .inspector import Inspector
-from .screens.modals import NameScreen
-from .store import Store, data_dir
-from .widgets.chat import ChatMessage, Prompt, printable
-from .stream import STREAM_EVERY, LiveTail, Pacer, ReplyBuffer, ReplyView
+from .chatflow import ChatFlow, ReplyDone
+from .inspector import Inspector, View, slots_of
+from .screens.help import HelpScreen
+from .store import Store
+from .stream import Pacer, ReplyBuffer, ReplyView
+from .widgets.chat import ChatLog, ChatMessage, Prompt, printable
 from .widgets.heatmap import SlotHeatmap
 
-
-class ReplyDone(TMessage):
-    def __init__(self, text: str, stats: Any, error: str | None = None) -> None:
-        super().__init__()
-        self.text, self.stats, self.error = text, stats, error
-
+__all__ = ["MoeslotsApp", "Prompt", "ReplyDone", "load_keymap", "printable"]
 
 SWITCH_INTERVAL = 0.0001      # seconds; sys.setswitchinterval while the app runs
 INSPECT_EVERY = 0.25          # seconds between inspector refreshes (while it is visible)
+NARROW = 110                  # columns below which the inspector is hidden (Ctrl+T: shown instead of the chat)
+APP_ACTIONS = {b.action for b in keys.BINDINGS}
+ANY_SCREEN = {"quit", "help"}                  # app keys that work while a dialog is open
 
 
-class MoeslotsApp(EngineActions, App[None]):
+class MainScreen(Screen[None]):
+    """The chat and the inspector. Back here from a dialog, the chat catches up with the reply it follows."""
+
+    def on_screen_resume(self) -> None:
+        app = self.app
+        if isinstance(app, MoeslotsApp):
+            app.call_after_refresh(app.chat_log.stick)
+
+
+class MoeslotsApp(ChatFlow, EngineActions, App[None]):
     TITLE = "moeslots"
     CSS_PATH = "app.tcss"
-    BINDINGS = [
-        Binding("ctrl+r", "record", "Record profile", id="record"),
-        Binding("ctrl+s", "slots", "Slots", id="slots"),
-        Binding("ctrl+t", "toggle_inspector", "Inspector", id="inspector"),
-        Binding("ctrl+n", "new_chat", "New chat", id="new_chat"),
-        Binding("ctrl+o", "sort_heatmap", "Sort slots", id="sort_heatmap", show=False),
-        Binding("ctrl+e", "export", "Export chat", id="export", show=False),
-        Binding("ctrl+y", "copy_last", "Copy answer", id="copy_last", show=False),
-        Binding("f2", "system_prompt", "System prompt", id="system_prompt", show=False),
-        Binding("f3", "toggle_repick", "Re-pick", id="repick", show=False),
-        Binding("f4", "models", "Models", id="models", show=False),
-        Binding("f1", "show_help_panel", "Help", id="help"),
-        Binding("escape", "stop", "Stop", id="stop"),
-        Binding("ctrl+q", "quit", "Quit", id="quit"),
-    ]
+    BINDINGS = keys.BINDINGS
 
     def __init__(self, engine: Engine, *, store: Store | None = None, model_name: str = "",
                  keymap: dict[str, str] | None = None, system_prompt: str = "", remember: bool = False):
@@ -71,48 +66,50 @@ class MoeslotsApp(EngineActions, App[None]):
         self.model_dirs: list[str] = []              # both set by the CLI) and where else to look for models
         self.opener: Callable[[Path], Engine] | None = None
         self._notices_seen = 0                       # engine notices already shown (more come after replies)
-        self._keymap = keymap or {}
+        self._keymap = dict(keymap or {})
         self.chat_id = self.store.last_chat() or self.store.new_chat(system_prompt)
         self._cancel = threading.Event()
         self._generating = False
-        self._pending_prompt = ""
+        self._pending_prompt = ""         # the question being answered (Esc before any text gives it back)
+        self._queued = ""                 # Enter while a reply stops: sent once it has
         self._assistant: ChatMessage | None = None
         self._stream: ReplyView | None = None
         self._reply = ReplyBuffer()       # the generating thread puts text, _pump takes it
         self._pacer = Pacer()
-        self._pump_timer: Any = None
+        self._pump_timer: Timer | None = None
         self._last_answer = ""
-        self.last_turn: Any = None        # the last reply's TurnStats (the engine's numbers; `bench app` reads them)
+        self.last_turn: TurnStats | None = None   # the last reply's stats (the engine's numbers; `bench app` reads)
+        self.measured_at: int | None = None       # slots in force when the last reply ran (the inspector's stale marks)
         self._inspector_visible = True
-        self._user_toggled = False        # once the user toggles the inspector, resizing no longer hides it
+        self._narrow: bool | None = None          # the width class the inspector's visibility was last set for
         self._repick_seen = engine.snapshot().repick_every   # the interval in force, to say when auto changes it
 
     # -- layout ------------------------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen[Any]:
+        return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat-pane"):
-                yield VerticalScroll(id="chat-log")
+                yield ChatLog(id="chat-log")
                 yield Prompt(id="prompt")
             yield Inspector(id="inspector")
         yield Footer()
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         if self._keymap:
             self.set_keymap(self._keymap)
-        self.sub_title = self.model_name
+            for line in keys.keymap_problems(self._keymap):
+                self.notify(line, severity="warning", timeout=12)
         self.query_one("#load-line", Static).update(self.engine.load_line)
         self._say_new_notices()
         pending = self.store.pop_unanswered(self.chat_id)    # the app was closed or killed mid-reply
-        for role, content in self.store.messages(self.chat_id):
-            self.query_one("#chat-log").mount(ChatMessage(role, content))
-            if role == "assistant":
-                self._last_answer = content
-        self.query_one("#chat-log").scroll_end(animate=False)
+        await self.show_chat(self.chat_id)
         self.query_one(Prompt).focus()
         if pending:
-            self.query_one(Prompt).text = pending
+            self.query_one(Prompt).restore(pending)
             self.notify("the last reply did not finish (the app was closed mid-reply): your message is back in the "
                         "prompt, Enter sends it again", timeout=8)
         self.set_interval(INSPECT_EVERY, self.refresh_inspector)
@@ -126,151 +123,67 @@ class MoeslotsApp(EngineActions, App[None]):
         sys.setswitchinterval(self._switch_interval)
 
     def on_resize(self, event: Any = None) -> None:
-        narrow = self.size.width < 110
-        if narrow and self._inspector_visible and not self._user_toggled:
-            self._set_inspector(False)
+        """Crossing NARROW columns (either way) sets the inspector's default for the new width: shown when wide,
+        hidden when narrow; Ctrl+T overrides it until the next crossing. (The event's size: this handler runs
+        before App's own, which sets self.size — reading that kept the inspector on a narrowed terminal.)"""
+        narrow = (event.size if event is not None else self.size).width < NARROW
+        if narrow != self._narrow:
+            self._narrow = narrow
+            self._set_inspector(not narrow)
 
     def _set_inspector(self, visible: bool) -> None:
         self._inspector_visible = visible
-        self.screen_stack[0].query_one("#inspector").display = visible
+        base = self.screen_stack[0]
+        tab = bool(visible and self._narrow)            # narrow: the inspector takes the chat's place
+        base.query_one("#inspector").display = visible
+        base.query_one("#inspector").set_class(tab, "tab")
+        base.query_one("#chat-pane").display = not tab
+        if visible:
+            self.refresh_inspector()
+        elif self.screen is base:
+            self.query_one(Prompt).focus()
+        self.call_after_refresh(self.chat_log.stick)    # the chat re-wraps at its new width: still at the bottom
 
-    def get_system_commands(self, screen: Screen) -> Any:
-        yield from super().get_system_commands(screen)
-        for b in self.BINDINGS:
-            if isinstance(b, Binding) and b.action not in ("quit", "show_help_panel"):
-                yield SystemCommand(b.description, f"{b.description} ({b.key})", getattr(self, f"action_{b.action}"))
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """App keys are priority bindings (they work from the prompt box); under a dialog they are off, so its
+        fields and buttons get the keys — except quit, and the help key closing the help screen."""
+        if action not in APP_ACTIONS or self.screen is self.screen_stack[0]:
+            return True
+        return action == "quit" or (action == "help" and isinstance(self.screen, HelpScreen))
 
-    # -- chat --------------------------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+        elif self.screen is self.screen_stack[0]:
+            self.push_screen(HelpScreen(self._keymap))
 
-    def _messages(self) -> list[Any]:
-        msgs = []
-        sys_prompt = self.store.system(self.chat_id)
-        if sys_prompt:
-            msgs.append(Message("system", sys_prompt))
-        msgs += [Message(r, c) for r, c in self.store.messages(self.chat_id)]
-        return msgs
+    def get_system_commands(self, screen: Screen[Any]) -> Any:
+        for cmd in super().get_system_commands(screen):
+            if cmd.title != "Keys":                      # Textual's generic key panel: F1 shows the app's keys
+                yield cmd
+        for b in keys.BINDINGS:
+            if b.action != "quit" and b.id is not None:
+                key = keys.keys_of(b.id, self._keymap)
+                yield SystemCommand(b.description, f"{b.description} ({key})", getattr(self, f"action_{b.action}"))
 
-    @on(Prompt.Send)
-    async def send(self, event: Prompt.Send) -> None:
-        if self._generating:
-            self.notify("still answering: Esc stops it", severity="warning")
-            return
-        text = event.text.rstrip()
-        self._pending_prompt = text
-        self._cancel = threading.Event()          # before any await: an Esc from now on reaches this reply
-        self._generating = True
-        self.query_one(Prompt).text = ""
-        self.store.add(self.chat_id, "user", text)
-        log = self.query_one("#chat-log", VerticalScroll)
-        await log.mount(ChatMessage("user", text))
-        self._assistant = ChatMessage("assistant", "", streaming=True)
-        await log.mount(self._assistant)
-        self._stream = ReplyView(self._assistant.query_one(Markdown), self._assistant.query_one(LiveTail))
-        self._reply.take()
-        log.scroll_end(animate=False)
-        self._pacer.start()
-        self._pump_timer = self.set_timer(STREAM_EVERY, self._pump)
-        self.call_after_refresh(self.generate, self._messages(), self._cancel)   # after the new messages are drawn
+    def action_toggle_inspector(self) -> None:
+        self._set_inspector(not self._inspector_visible)
 
-    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def generate(self, messages: list[Any], cancel: threading.Event) -> None:
-        put = self._reply.put                              # per token: a list append, never a wait on the UI
-        text, stats, error = "", None, None
+    def action_sort_heatmap(self) -> None:
+        hm = self.screen_stack[0].query_one(SlotHeatmap)
+        hm.sorted_view = not hm.sorted_view
+
+    async def action_quit(self) -> None:
+        self._cancel.set()
+        self.exit()
+
+    # -- inspector ---------------------------------------------------------------------------------------------
+
+    def slots_now(self) -> int:
         try:
-            for ev in self.engine.chat(messages, cancel=cancel):
-                if isinstance(ev, TextDelta):
-                    put(ev.text)
-                elif isinstance(ev, Done):
-                    text, stats = ev.text, ev.stats
-        except Exception as e:  # noqa: BLE001 - shown to the user; the chat stays usable
-            error = str(e)
-        self.post_message(ReplyDone(text, stats, error))
-
-    async def _pump(self) -> None:
-        """While a reply streams: what came since the last update, onto the screen; then the next one is due
-        after STREAM_EVERY or more (tui/stream.py's Pacer keeps the UI thread within its CPU budget)."""
-        if self._stream is None:
-            return
-        text = self._reply.take()
-        if text:
-            await self._stream.write(printable(text))
-            log = self.query_one("#chat-log", VerticalScroll)
-            if log.max_scroll_y - log.scroll_y < 4:          # follow only when the user is near the bottom
-                log.scroll_end(animate=False)
-        if self._stream is not None:
-            self._pump_timer = self.set_timer(self._pacer.next_delay(), self._pump)
-
-    @on(ReplyDone)
-    async def reply_done(self, event: ReplyDone) -> None:
-        if self._pump_timer is not None:
-            self._pump_timer.stop()
-        stream, self._stream = self._stream, None
-        self._reply.take()
-        cancelled = bool(event.stats and event.stats.cancelled)
-        self.last_turn = event.stats
-        if event.error:
-            self.notify(f"generation failed: {event.error}", severity="error", timeout=10)
-        if stream is not None:
-            await stream.finish(printable(event.text))
-        elif self._assistant is not None:
-            await self._assistant.query_one(Markdown).update(printable(event.text))
-        if cancelled and not event.text.strip():
-            # nothing said: take the question back out of the chat
-            if self._assistant is not None:
-                await self._assistant.remove()
-            await self._drop_last_user_message()
-        elif event.text or not event.error:
-            self.store.add(self.chat_id, "assistant", event.text)
-            self._last_answer = event.text
-        if cancelled and not self.query_one(Prompt).text.strip():
-            self.query_one(Prompt).text = self._pending_prompt    # Esc puts the prompt back, to edit and resend
-        self._say_new_notices()
-        self._say_auto_switch()
-        self._assistant = None
-        self._generating = False                  # last: the reply is fully settled (store, log, prompt)
-        self.query_one(Prompt).focus()
-
-    async def _drop_last_user_message(self) -> None:
-        self.store.drop_last_user_message(self.chat_id)
-        users = [m for m in self.query_one("#chat-log").query(ChatMessage) if m.role == "user"]
-        if users:
-            await users[-1].remove()
-
-    def action_stop(self) -> None:
-        if self._generating:
-            self._cancel.set()
-
-    async def action_new_chat(self) -> None:
-        if self._generating:
-            self.notify("stop the reply first (Esc)", severity="warning")
-            return
-        self.chat_id = self.store.new_chat(self.store.system(self.chat_id))
-        await self.query_one("#chat-log").remove_children()
-        self.new_chat_engine()
-        self.notify("new chat")
-
-    @work(thread=True, group="engine")
-    def new_chat_engine(self) -> None:
-        self.engine.new_chat()
-
-    def action_copy_last(self) -> None:
-        if self._last_answer:
-            self.copy_to_clipboard(self._last_answer)
-            self.notify("last answer copied")
-
-    def action_export(self) -> None:
-        out = data_dir() / "exports" / f"chat-{self.chat_id}.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(self.store.export_markdown(self.chat_id))
-        self.notify(f"exported to {out}")
-
-    @work(exclusive=True, group="modal")
-    async def action_system_prompt(self) -> None:
-        text = await self.push_screen_wait(NameScreen("System prompt for this chat (empty: none):",
-                                                      self.store.system(self.chat_id)))
-        if text is not None:
-            self.store.set_system(self.chat_id, text)
-            self.notify("system prompt set" if text else "system prompt cleared")
+            return slots_of(self.engine.snapshot())
+        except Exception:  # noqa: BLE001 - e.g. the engine is closing
+            return 0
 
     def _say_new_notices(self) -> None:
         """The engine's notices not shown yet (at start; after a reply, e.g. the automatic profile's)."""
@@ -278,16 +191,6 @@ class MoeslotsApp(EngineActions, App[None]):
         for n in notices[self._notices_seen:]:
             self.notify(n, timeout=8)
         self._notices_seen = len(notices)
-
-    def action_toggle_inspector(self) -> None:
-        self._user_toggled = True
-        self._set_inspector(not self._inspector_visible)
-
-    def action_sort_heatmap(self) -> None:
-        hm = self.query_one(SlotHeatmap)
-        hm.sorted_view = not hm.sorted_view
-
-    # -- inspector ---------------------------------------------------------------------------------------------
 
     def refresh_inspector(self) -> None:
         if not self._inspector_visible or not self.is_running:
@@ -303,29 +206,24 @@ class MoeslotsApp(EngineActions, App[None]):
             snap = self.engine.snapshot()
         except Exception:  # noqa: BLE001 - e.g. the engine is closing
             return
-        rec = f" ● REC {self.engine.recorded_tokens} tok" if snap.recording else ""
-        slots = len(snap.layers[0].slot_experts) if snap.layers else 0
-        mtp = f" · MTP {snap.mtp_accepted}/{snap.mtp_drafted}" if snap.mtp_drafted else ""
-        title = f"moeslots · {slots} slots{mtp}{rec}"
+        rec = f" · ● REC {self.engine.recorded_tokens} tok" if snap.recording else ""
+        mtp = f" · MTP {snap.mtp_accepted}/{snap.mtp_drafted} drafts accepted" if snap.mtp_drafted else ""
+        title = f"moeslots · {slots_of(snap)} slots{mtp}{rec}"
         if self.title != title:
             self.title = title
-        base.query_one(Inspector).show(snap)
+        profile = self.engine.profile
+        base.query_one(Inspector).show(snap, View(profile.name if profile else "", self.measured_at))
 
     def on_mouse_move(self, event: Any) -> None:
-        if self.screen is not self.screen_stack[0]:
+        if self.screen is not self.screen_stack[0] or not self._inspector_visible:
             return
         hm = self.query_one(SlotHeatmap)
         off = event.get_content_offset(hm)
         if off is None:
             return
-        cell = hm.cell_at(off.x, off.y + int(hm.scroll_offset.y))
-        if cell:
-            layer, slot, expert, hits = cell
-            self.query_one(Inspector).hover(f"layer {layer} · slot {slot} · expert {expert} · {hits} recent hits")
-
-    async def action_quit(self) -> None:
-        self._cancel.set()
-        self.exit()
+        text = hm.describe_at(off.x, off.y)
+        if text:
+            self.query_one(Inspector).hover(text)
 
 
 def load_keymap() -> dict[str, str]:

@@ -1,9 +1,15 @@
-"""The inspector pane: speed, MTP state, the GPU/host split, uploads, the what-if line and the slot heatmap, drawn
-from one engine snapshot. A widget is touched only when what it shows changed: a Static's update re-lays out the
-screen, and during a reply most lines (load line, last reply's tok/s, uploads) stay the same for seconds."""
+"""The inspector pane: the profile and policy in force, speed, MTP state, the GPU/host split, uploads, the what-if
+line, the slot heatmap and a legend, drawn from one engine snapshot. A widget is touched only when what it shows
+changed: a Static's update re-lays out the screen, and during a reply most lines (load line, last reply's tok/s,
+uploads) stay the same for seconds.
+
+Values measured at another slot count than the one in force (the last reply's tok/s and split after Ctrl+S, a
+what-if line for other slots) are marked stale: dimmed, with the slot count they were measured at."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any, Callable
 
 from textual.app import ComposeResult
@@ -14,6 +20,44 @@ from ..engine.api import Snapshot
 from .widgets.heatmap import SlotHeatmap
 from .widgets.splitbar import SplitBar
 
+LEGEND = ("[b]colour[/b] a slot's recent hits (dark: none, bright: the layer's most) · [b]miss[/b] picks not in a "
+          "slot, computed on host · [b]what-if[/b] hit % of these slots vs LRU / re-elect-16 · [b]MTP a/d[/b] (title) "
+          "drafts accepted/drafted · [dim]dim[/dim]: measured at other slots · hover for more")
+
+TIPS = {
+    "profile": "the routing profile the slots were chosen from, and how they change: static (fixed), re-pick every "
+               "N tokens (F3), or --repick auto's choice",
+    "load-line": "layers x slots per layer in the expert cache, and the bytes uploaded to hold them",
+    "speed": "decode tokens/s of the last reply; the sparkline: recent replies",
+    "prompt-speed": "prompt (prefill) tokens/s of the last reply; MTP acceptance",
+    "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
+    "split": "share of the decode expert picks served from slots vs computed from host memory",
+    "uploads": "weight bytes copied to the GPU per decode token (0 with a static cache), experts computed on the "
+               "CPU per token, the slot pack's size",
+    "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
+              "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
+    "heatmap": "one row per layer: label, recent miss share, then its slots coloured by recent hits (merged when "
+               "they do not fit: the header says how many per cell); hover a cell for its experts",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What the inspector shows beside the snapshot (the app knows it, the snapshot does not)."""
+
+    profile: str = ""                  # the active profile's file name ("" none)
+    measured_at: int | None = None     # slots in force when the last reply ran (None: no reply yet)
+
+
+def slots_of(snap: Snapshot) -> int:
+    return len(snap.layers[0].slot_experts) if snap.layers else 0
+
+
+def policy(snap: Snapshot) -> str:
+    if snap.repick_auto:
+        return f"auto: {f're-pick every {snap.repick_every}' if snap.repick_every else 'static'}"
+    return f"re-pick every {snap.repick_every}" if snap.repick_every else "static slots"
+
 
 class Inspector(Vertical):
     def __init__(self, **kw: Any) -> None:
@@ -23,6 +67,7 @@ class Inspector(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("Inspector", classes="title")
+        yield Static("", id="profile")
         yield Static("", id="load-line")
         with Horizontal(id="speed"):
             yield Digits("0.0", id="toks")
@@ -35,9 +80,12 @@ class Inspector(Vertical):
         yield Static("", id="whatif")
         yield Static("", id="hover")
         yield SlotHeatmap(id="heatmap")
+        yield Static(LEGEND, id="legend")
 
     def on_mount(self) -> None:
         self.query_one("#mtp").display = False
+        for wid, tip in TIPS.items():
+            self.query_one(f"#{wid}").tooltip = tip
 
     def _put(self, key: str, value: Any, apply: Callable[[Any], None]) -> None:
         if self._shown.get(key, ...) != value:
@@ -45,10 +93,14 @@ class Inspector(Vertical):
             apply(value)
             self.updates += 1
 
-    def show(self, snap: Snapshot) -> None:
+    def show(self, snap: Snapshot, view: View = View()) -> None:
         q = self.query_one
+        now = slots_of(snap)
+        stale = view.measured_at is not None and view.measured_at != now
+        self._put("profile", f"profile {view.profile or 'none'} · {policy(snap)}", q("#profile", Static).update)
         self._put("load", snap.load_line, q("#load-line", Static).update)
         self._put("toks", f"{snap.tok_s_last:.1f}", q("#toks", Digits).update)
+        self._put("stale", (stale, view.measured_at), self._show_stale)
         self._put("history", tuple(snap.tok_s_rolling) or (0.0,),
                   lambda v: setattr(q("#toks-history", Sparkline), "data", list(v)))
         mtp_line = snap.mtp_line
@@ -65,12 +117,25 @@ class Inspector(Vertical):
         n_rp = snap.repicks
         repick = (f"   re-picks {n_rp}: {snap.repick_swaps} swaps, {snap.repick_mb:.0f} MB "
                   f"({snap.repick_mb / n_rp:.1f} MB each)" if n_rp else "")
-        if snap.repick_auto:
-            every = snap.repick_every
-            repick += f"   auto: {f'every {every}' if every else 'static'}"
-        self._put("whatif", snap.whatif + repick, q("#whatif", Static).update)
+        self._put("whatif", (snap.whatif, repick, now), self._show_whatif)
         self._put("heatmap", tuple((ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share)
                                    for ls in snap.layers), lambda v: q(SlotHeatmap).update_layers(list(v)))
+
+    def _show_stale(self, v: tuple[bool, int | None]) -> None:
+        stale, at = v
+        self.query_one("#speed").set_class(stale, "stale")
+        self.query_one("#toks-unit", Label).update(f"tok/s\n(at {at} slots)" if stale else "tok/s")
+        split = self.query_one(SplitBar)
+        split.set_class(stale, "stale")
+        split.note = f" (at {at} slots)" if stale else ""
+
+    def _show_whatif(self, v: tuple[str, str, int]) -> None:
+        line, repick, now = v
+        m = re.match(r"what-if @(\d+)", line)
+        stale = m is not None and int(m.group(1)) != now
+        w = self.query_one("#whatif", Static)
+        w.set_class(stale, "stale")
+        w.update((f"{line} (stale: now {now} slots)" if stale else line) + repick)
 
     def _show_mtp(self, line: str) -> None:
         w = self.query_one("#mtp", Static)

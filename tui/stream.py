@@ -26,6 +26,8 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from .mdtext import doctest_fences
+
 STREAM_EVERY = 0.1        # seconds between screen updates of a streaming reply: at most 10 per second
 STREAM_SLOWEST = 0.5      # at least 2 per second
 UI_BUDGET = 0.12          # share of one core the UI thread may spend while a reply streams
@@ -195,13 +197,13 @@ class ReplyView:
                 return
             done = self._split.feed(text)
             if done:
-                await self.markdown.append(done)
+                await self.markdown.append(doctest_fences(done))     # finished blocks start outside any fence
                 self.tail.reset(self._split.tail)
             else:
                 self.tail.append(text)
 
     async def finish(self, text: str) -> None:
-        """The whole reply, rendered once as Markdown; the tail goes."""
+        """The whole reply (as mdtext.as_markdown made it), rendered once as Markdown; the tail goes."""
         async with self._lock:
             self._finished = True
             self.tail.reset()

@@ -12,6 +12,7 @@ from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
 
 from moeslots.engine.api import Snapshot
 from moeslots.tui.app import MoeslotsApp, Prompt
+from moeslots.tui.screens.modals import SlotsScreen
 from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
@@ -83,7 +84,9 @@ async def test_escape_before_any_text_takes_the_question_back(store: Store) -> N
 
 
 async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
-    eng = FakeEngine()
+    """The dialog applies the value and closes with the new load line; every refusal (not a number, out of range,
+    the engine's own) is one line in the dialog, which stays open with the slots unchanged."""
+    eng = FakeEngine(n_expert=128)
     app = MoeslotsApp(eng, store=store)
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.press("ctrl+s")
@@ -92,21 +95,24 @@ async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
         inp = app.screen.query_one("#slots-input")
         inp.value = "8"
         await pilot.press("enter")
-        await _wait(pilot, lambda: eng.slots == 8)
+        await _wait(pilot, lambda: eng.slots == 8 and not isinstance(app.screen, SlotsScreen))
+        assert any("x 8 slots" in str(n.message) for n in app._notifications)
         await pilot.press("ctrl+s")
         await pilot.pause()
-        app.screen.query_one("#slots-input").value = "99"
-        await pilot.press("enter")
-        await _wait(pilot, lambda: any(n.severity == "error" for n in app._notifications))
-        assert eng.slots == 8                                   # state kept, the error said
-        assert [n.message for n in app._notifications if n.severity == "error"] == [
-            "slots unchanged: 99 slots: the model has 16 experts"]
-        await pilot.press("ctrl+s")
-        await pilot.pause()
-        app.screen.query_one("#slots-input").value = "lots"
-        await pilot.press("enter")
-        await pilot.pause()
-        assert "neither a number nor 'auto'" in str(app.screen.query_one("#slots-info").render())
+        for value, said in (("99", "slots unchanged: 99 slots per layer do not fit: 9.9 GiB needed, 2.0 GiB free"),
+                            ("lots", "slots unchanged: 'lots' is not a slot count: type a whole number (0 to 128) "
+                                     "or auto"),
+                            ("-1", "slots unchanged: -1 slots per layer: the model has 128 experts per layer; type "
+                                   "0 to 128, or auto")):
+            app.screen.query_one("#slots-input").value = value
+            await pilot.press("enter")
+            await _wait(pilot, lambda: str(app.screen.query_one("#error").render()) != "")
+            assert str(app.screen.query_one("#error").render()) == said
+            assert isinstance(app.screen, SlotsScreen) and eng.slots == 8        # open, state kept
+            app.screen.query_one("#error").update("")
+        assert not [n for n in app._notifications if n.severity == "error"]      # no toast disagreeing
+        await pilot.press("escape")
+        assert not isinstance(app.screen, SlotsScreen)
 
 
 async def test_record_toggle_saves_a_profile(store: Store, tmp_path: Path) -> None:
@@ -122,8 +128,8 @@ async def test_record_toggle_saves_a_profile(store: Store, tmp_path: Path) -> No
         await pilot.press("enter")
         await _wait(pilot, lambda: not eng.recording)
         assert (tmp_path / "mine.csv").exists()
-        await pilot.pause(0.2)                                   # "apply this profile now?" -> yes
-        assert "Apply this profile" in str(app.screen.query_one("Label").render())
+        await pilot.pause(0.2)                                   # "apply this profile now?" -> the Apply button
+        assert "Apply mine.csv to the slots now?" in str(app.screen.query_one("#question").render())
         await pilot.press("enter")
         await _wait(pilot, lambda: getattr(eng, "profile", None) == tmp_path / "mine.csv")
         await _wait(pilot, lambda: eng.load_line.endswith("x 4 slots"))
@@ -236,8 +242,8 @@ async def test_repick_auto_switch_is_said(store: Store) -> None:
                               (16, "auto @512 tokens: re-pick every 16")]
             self.auto = self.decisions[0][1]
 
-        def chat(self, messages, cancel=None):  # noqa: ANN001
-            yield from super().chat(messages, cancel)
+        def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001
+            yield from super().chat(messages, cancel, sampling)
             self.decisions.pop(0)
             self.repick_every, self.auto = self.decisions[0]
 
@@ -248,7 +254,7 @@ async def test_repick_auto_switch_is_said(store: Store) -> None:
     app = MoeslotsApp(eng, store=store)
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause(0.4)
-        assert "auto: static" in str(app.query_one("#whatif").render())
+        assert "auto: static" in str(app.query_one("#profile").render())
         for ask, said in (("one", 1), ("two", 1)):
             app.query_one(Prompt).text = ask
             await pilot.press("enter")
@@ -256,7 +262,7 @@ async def test_repick_auto_switch_is_said(store: Store) -> None:
             await pilot.pause(0.4)
             toasts = [n.message for n in app._notifications if "re-pick every 16" in str(n.message)]
             assert len(toasts) == said, toasts
-        assert "auto: every 16" in str(app.query_one("#whatif").render())
+        assert "auto: re-pick every 16" in str(app.query_one("#profile").render())
 
 
 async def test_inspector_touches_only_what_changed_and_shows_the_mtp_state(store: Store) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
-from moeslots.tui.widgets.chat import printable
+from moeslots.tui.mdtext import as_markdown
 
 SCRIPT = Path(__file__).with_name("app_turns.py")
 
@@ -67,7 +67,7 @@ def _check_history(db: Path, done: list[dict]) -> list[tuple[str, str]]:
     assert len(stored) >= n, (len(stored), n)
     for i, turn in enumerate(done):                              # every finished turn, as it was shown
         (ru, cu), (ra, ca) = stored[2 * i], stored[2 * i + 1]
-        assert (ru, cu) == ("user", turn["user"]) and ra == "assistant" and printable(ca) == turn["shown"]
+        assert (ru, cu) == ("user", turn["user"]) and ra == "assistant" and as_markdown(ca) == turn["shown"]
     rest = stored[n:]                                            # the turn that was cut: its question, maybe its reply
     assert len(rest) <= 2 and all(r == role for (r, _), role in zip(rest, ("user", "assistant")))
     return stored

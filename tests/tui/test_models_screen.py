@@ -134,8 +134,8 @@ async def test_notices_that_come_after_a_reply_are_shown(tmp_path: Path) -> None
     from moeslots.tui.app import Prompt
 
     class Noting(ClosingEngine):
-        def chat(self, messages, cancel=None):  # noqa: ANN001, ANN202
-            yield from super().chat(messages, cancel)
+        def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001, ANN202
+            yield from super().chat(messages, cancel, sampling)
             self.notices.append("slots planned from your first prompt: 4 of 16 per layer")
 
     store = Store(tmp_path / "c.sqlite")

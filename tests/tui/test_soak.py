@@ -19,7 +19,8 @@ from textual.widgets import Input, Markdown
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.screens.modals import SlotsScreen
 from moeslots.tui.store import Store
-from moeslots.tui.widgets.chat import ChatMessage, printable
+from moeslots.tui.mdtext import as_markdown
+from moeslots.tui.widgets.chat import ChatMessage
 
 STEPS = int(os.environ.get("MOESLOTS_SOAK_STEPS", "240"))
 WARMUP = STEPS // 3                  # steps before the RSS/fd baseline (allocator pools, Textual caches fill up)
@@ -117,7 +118,7 @@ async def test_soak_the_app(tmp_path: Path) -> None:
                     counts["cancelled"] += 1
                 await pilot.pause(0.01)
                 assert not errors, f"step {step}: {errors}"
-                want = [(role, text if role == "user" else printable(text))
+                want = [(role, text if role == "user" else as_markdown(text))
                         for role, text in store.messages(app.chat_id)]
                 assert shown(app) == want, f"step {step}: the pane and the history differ"
                 eng.snapshot()

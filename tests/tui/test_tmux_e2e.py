@@ -1,11 +1,15 @@
 """End to end: the real app (`moeslots`, the bundled model) in tmux: a reply appears, the load line and the
-heatmap rows appear, and changing the slots works."""
+heatmap rows appear, changing the slots works, and a fast storm of questions, Esc and Enter leaves a history of
+whole questions, each once, each answered."""
 
 from __future__ import annotations
 
 import os
+import random
+import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -73,6 +77,58 @@ def test_app_in_tmux(tmp_path: Path) -> None:
             _tmux(session, "send-keys", "-t", session, key, check=True)
             time.sleep(0.3)
         _wait_for(session, "x 4 slots")
+        _storm(session, random.Random(7))
+        _wait_still(session)
         _tmux(session, "send-keys", "-t", session, "C-q", check=True)
+        time.sleep(2)
     finally:
         _tmux(session, "kill-server")
+    _check_history(tmp_path / "data" / "moeslots" / "chats.sqlite")
+
+
+def _storm(session: str, rng: random.Random, n: int = 12) -> None:
+    """Questions sent and stopped at random moments: Esc before the first token, mid-reply or after it; Enter
+    again while stopping (or on the question given back: sent again); a new question typed over a question given
+    back. (Text typed while a reply runs stays in the box, refused by Enter: the storm never does that.)"""
+    for i in range(n):
+        _tmux(session, "send-keys", "-t", session, "-l", f"storm {i} please", check=True)
+        _tmux(session, "send-keys", "-t", session, "Enter", check=True)
+        time.sleep(rng.choice([0.0, 0.02, 0.1, 0.4]))
+        _tmux(session, "send-keys", "-t", session, "Escape", check=True)     # before, during or after the reply
+        time.sleep(0.15)          # a key within a few ms of Esc reads as Alt+key (an escape sequence), as in any TUI
+        if rng.random() < 0.3:
+            _tmux(session, "send-keys", "-t", session, "Enter", check=True)     # Enter while stopping
+        _wait_idle(session)       # the prompt box's title: no "answering…"/"stopping…" (typing into a box whose
+                                  # Enter was refused would add to the refused question)
+
+
+def _wait_idle(session: str, timeout: float = 60) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        pane = _pane(session)
+        if "answering…" not in pane and "stopping…" not in pane:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the reply never settled; pane:\n{_pane(session)}")
+
+
+def _check_history(db_path: Path) -> None:
+    """The stored chats: user and assistant alternate, every question is one whole typed question (none merged
+    with another), in the order typed, and the last question of each chat has its answer."""
+    db = sqlite3.connect(db_path)
+    try:
+        chats = [r[0] for r in db.execute("SELECT DISTINCT chat FROM messages ORDER BY chat")]
+        storm: list[int] = []
+        for chat in chats:
+            rows = db.execute("SELECT role, content FROM messages WHERE chat = ? ORDER BY id", (chat,)).fetchall()
+            roles = [r for r, _ in rows]
+            assert roles == ["user", "assistant"] * (len(rows) // 2) and len(rows) % 2 == 0, rows
+            for role, text in rows:
+                if role == "user" and "storm" in text:
+                    m = re.fullmatch(r"storm (\d+) please", text)
+                    assert m, f"a question merged or cut: {text!r}"
+                    storm.append(int(m.group(1)))
+        assert storm == sorted(storm), f"a question stored out of order: {storm}"     # resent: next to itself
+        assert storm, "no storm question was answered"
+    finally:
+        db.close()

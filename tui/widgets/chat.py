@@ -1,16 +1,23 @@
-"""The chat pane's widgets: the prompt box and a chat message (a streaming reply carries a LiveTail)."""
+"""The chat pane's widgets: the prompt box, the chat log (follows a streaming reply), a chat message (a streaming
+reply carries a LiveTail; a click on a code block copies it) and the welcome text of an empty chat."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TMessage
-from textual.widgets import Label, Markdown, TextArea
+from textual.widgets import Label, Markdown, Static, TextArea
+from textual.widgets._markdown import MarkdownFence
+from textual.widgets.text_area import Selection
 
+from ..mdtext import as_markdown, parser, printable
 from ..stream import LiveTail
+
+__all__ = ["ChatLog", "ChatMessage", "Prompt", "Welcome", "printable"]
 
 
 class Prompt(TextArea):
@@ -22,6 +29,12 @@ class Prompt(TextArea):
             self.text = text
 
     BINDINGS = [Binding("ctrl+j", "newline", "Newline", show=False, id="prompt.newline")]
+
+    def show_state(self, state: str, stop_key: str = "Esc") -> None:
+        """The box's title says what Enter does now: '' (idle: it sends), 'answering' (refused: stop first) or
+        'stopping' (it sends once the reply has stopped)."""
+        self.border_title = {"answering": f"answering… {stop_key}: stop",
+                             "stopping": "stopping… Enter: send when stopped"}.get(state, "")
 
     async def _on_key(self, event: Any) -> None:
         if event.key == "enter":
@@ -41,6 +54,38 @@ class Prompt(TextArea):
     def action_newline(self) -> None:
         self.insert("\n")
 
+    def restore(self, text: str) -> None:
+        """A question put back (Esc before the reply said anything, edit-last): all of it selected, the cursor at
+        its end, so typing replaces it and an arrow key keeps it to edit (never a new question typed in front of
+        the old one and sent as one)."""
+        self.text = text
+        self.selection = Selection((0, 0), self.document.end)
+        self.focus()
+
+
+class ChatLog(VerticalScroll):
+    """The messages. `follow`: stay at the bottom as a reply grows; off when the user scrolls up, on again when
+    they scroll back to the bottom. Only a scroll up the user makes turns it off: content growing while a dialog
+    is open, or a re-wrap after the inspector is toggled, does not."""
+
+    follow = True
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        if new >= self.max_scroll_y - 1:
+            self.follow = True
+        elif new < old and not self._clamped(old):
+            self.follow = False
+
+    def _clamped(self, old: float) -> bool:
+        """The view moved up because it got shorter (a re-wrap), not because the user scrolled."""
+        return old > self.max_scroll_y
+
+    def stick(self) -> None:
+        """To the bottom, if following (after a write, a dialog, a resize)."""
+        if self.follow:
+            self.scroll_end(animate=False)
+
 
 class ChatMessage(Vertical):
     DEFAULT_CSS = """
@@ -48,6 +93,7 @@ class ChatMessage(Vertical):
     ChatMessage > .who { color: $text-muted; text-style: bold; }
     ChatMessage.user > .who { color: $accent; }
     ChatMessage > Markdown { margin: 0; padding: 0; }
+    ChatMessage MarkdownFence { margin: 0 0 1 0; }
     """
 
     def __init__(self, role: str, text: str = "", streaming: bool = False):
@@ -56,15 +102,39 @@ class ChatMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label("you ▸" if self.role == "user" else "assistant ▸", classes="who")
-        yield Markdown(printable(self.text))
+        yield Markdown(as_markdown(self.text), parser_factory=parser)
         if self.streaming:
             yield LiveTail()
 
+    def on_click(self, event: events.Click) -> None:
+        node: Any = event.widget
+        while node is not None and node is not self:
+            if isinstance(node, MarkdownFence):
+                self.app.copy_to_clipboard(node.code)
+                n = node.code.count("\n") + 1
+                self.app.notify(f"code block copied ({n} line{'s' * (n != 1)})")
+                event.stop()
+                return
+            node = node.parent
 
-_CONTROL = {c: "\ufffd" for c in range(32) if c not in (9, 10)} | {127: "\ufffd"}
+
+class Welcome(Static):
+    """What an empty chat shows: what the app is and the keys that matter."""
+
+    DEFAULT_CSS = """
+    Welcome { margin: 1 2; padding: 1 2; border: round $accent 50%; height: auto; color: $text; }
+    """
+
+    def __init__(self, model: str, profile: str, send: str, stop: str, help: str) -> None:
+        text = (f"[b]moeslots[/b] — a chat with [b]{_esc(model) or 'a local MoE model'}[/b], a Mixture-of-Experts "
+                "model. Each layer's most used experts sit in fast [b]slots[/b] (GPU memory; host memory on a machine "
+                "without a GPU), the rest are computed on the CPU; the inspector (right, Ctrl+T) shows it live: "
+                f"which experts are in slots, how often they hit, tokens/s.  Profile: {_esc(profile)}.\n\n"
+                f"  [b]{send}[/b]  send your question\n"
+                f"  [b]{stop}[/b]  stop the answer\n"
+                f"  [b]{help}[/b]  every key (chats, regenerate, sampling, slots…)")
+        super().__init__(text, id="welcome")
 
 
-def printable(text: str) -> str:
-    """Model text with terminal control characters (ESC, BEL, CR...) replaced: a reply must never drive the
-    terminal (random-weight models emit raw byte tokens; real ones can too)."""
-    return text.translate(_CONTROL)
+def _esc(text: str) -> str:
+    return text.replace("[", r"\[")
