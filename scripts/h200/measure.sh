@@ -5,7 +5,7 @@
 #   STEPS="diag async heads" bash scripts/h200/measure.sh
 #   STEPS="repick pinned overlap live long" bash scripts/h200/measure.sh
 # Steps run in the order given; BUDGET (seconds from the start, default 3600) stops a step that would not finish in
-# time, so a box held for a limited time still returns what it measured. A second run on the same machine reuses
+# time, so a run with a deadline still returns what it measured. A second run on the same machine reuses
 # /tmp/site (the CUDA engine) and the synthetic models.
 # Steps: diag (the bundled model on CUDA: slots vs stock logits, <= 4-token batches; MTP on the trained head),
 # async (--async-cpu on/off: decode at 0/32/64/96 slots with a 512-token prompt, and with MTP), heads (where the NextN
