@@ -14,6 +14,9 @@ Three domains, each written as NUL-separated documents to <out>/{train,heldout}/
          "Explain <topic>." -> the help topic; "Write `func` from `mod`." -> its source in a ```python fence
          (functions of <= 1,200 characters); a third of the turns start with a short system message.
 
+With --more (the routing donor's corpus, issue 19): manual pages and /usr/share/doc texts as more prose, and
+command questions as more chat (corpus_more.py); one man page in MORE_EVERY (by hash) is taken.
+
 One document in 50 (by a hash of its source path or key, so the split is stable) goes to heldout/.
 A manifest.json records counts and bytes per domain and source.
 """
@@ -36,8 +39,15 @@ SYSTEMS = ["You are a helpful assistant.", "You are a concise Python expert.",
            "Answer the question about Python."]
 
 
+MORE_EVERY = 5
+
+
 def heldout(key: str) -> bool:
     return int(hashlib.md5(key.encode()).hexdigest(), 16) % 50 == 0
+
+
+def _taken(key: str) -> bool:
+    return int(hashlib.md5(("more:" + key).encode()).hexdigest(), 16) % MORE_EVERY == 0
 
 
 def stdlib_files() -> list[Path]:
@@ -127,7 +137,7 @@ def turn(rng: random.Random, q: str, a: str) -> str:
     return f"{sys_msg}<|user|>\n{q}\n<|assistant|>\n{a}"
 
 
-def build(out: Path, seed: int = 0) -> dict:
+def build(out: Path, seed: int = 0, more: bool = False) -> dict:
     rng = random.Random(seed)
     buckets: dict[tuple[str, bool], list[str]] = {(d, h): [] for d in ("code", "prose", "chat") for h in (False, True)}
     stats: dict[str, dict[str, int]] = {}
@@ -165,6 +175,21 @@ def build(out: Path, seed: int = 0) -> dict:
         add("chat", "topic answers", f"topic:{k}", turn(rng, f"Explain {k.replace('-', ' ')} in Python.", t[:2000]))
     for k, t in package_texts():
         add("prose", "package texts", k, t)
+    if more:
+        import corpus_more
+
+        for cmd, text, sec in corpus_more.man_pages():
+            if not _taken(cmd):
+                continue
+            add("prose", "man pages", f"man:{cmd}", text)
+            for q, ans in corpus_more.man_turns(cmd, sec):
+                add("chat", "command answers", f"man:{cmd}:{q[:8]}", turn(rng, q, ans))
+        for key, pkg, text in corpus_more.doc_texts():
+            add("prose", "package docs", key, text)
+            if key.rsplit("/", 1)[-1].upper().startswith("README"):
+                ans = corpus_more.paragraphs(text, 3)
+                if ans:
+                    add("chat", "package answers", key + ":q", turn(rng, f"What is `{pkg}`?", ans))
     for (domain, ho), docs in buckets.items():
         d = out / ("heldout" if ho else "train")
         d.mkdir(parents=True, exist_ok=True)
@@ -185,7 +210,9 @@ def read_docs(path: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    m = build(ap.parse_args().out)
+    ap.add_argument("--more", action="store_true", help="add man pages and package docs (the routing donor)")
+    a = ap.parse_args()
+    m = build(a.out, more=a.more)
     for k, v in sorted(m["bytes"].items()):
         print(f"{k:16} {m['docs'][k]:7} docs {v / 1e6:8.2f} MB")
 

@@ -1,5 +1,9 @@
 """Export trained weights (weights.pt or ckpt.pt) + tokenizer.json to a `glm4moe` GGUF with its NextN block.
 
+Every topology of model.TOPOLOGIES is written as glm4moe: the gating function (sigmoid or softmax) goes in the header,
+Q/K norms and Q/K/V biases are written when the model has them, and a model without a shared expert gets an
+all-zero one (glm4moe's loader requires the tensors; zero weights add exactly 0).
+
 F32 export first (every tensor as trained, float16-rounded weights widened to float32); `--quant q4_k_m` then
 quantizes it with the patched engine (llama.cpp's own quantizer) into the shipped file.
 """
@@ -35,7 +39,11 @@ def tensors(c: Config, w: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]
         out.extend([(b + "attn_norm.weight", w[p + "attn_norm"])])
         for n in ("q", "k", "v"):
             out.append((b + f"attn_{n}.weight", w[p + f"attn.{n}.weight"]))
-            out.append((b + f"attn_{n}.bias", w[p + f"attn.{n}.bias"]))
+            if p + f"attn.{n}.bias" in w:
+                out.append((b + f"attn_{n}.bias", w[p + f"attn.{n}.bias"]))
+        for n in ("q", "k"):
+            if p + f"attn.{n}_norm" in w:
+                out.append((b + f"attn_{n}_norm.weight", w[p + f"attn.{n}_norm"]))
         out.append((b + "attn_output.weight", w[p + "attn.o.weight"]))
         out.append((b + "post_attention_norm.weight", w[p + "post_norm"]))
         f = p + "ffn."
@@ -44,10 +52,11 @@ def tensors(c: Config, w: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]
                         (b + "exp_probs_b.bias", w[f + "sel_bias"]),
                         (b + "ffn_gate_exps.weight", w[f + "gate"]),
                         (b + "ffn_up_exps.weight", w[f + "up"]),
-                        (b + "ffn_down_exps.weight", w[f + "down"]),
-                        (b + "ffn_gate_shexp.weight", w[f + "shared.gate.weight"]),
-                        (b + "ffn_up_shexp.weight", w[f + "shared.up.weight"]),
-                        (b + "ffn_down_shexp.weight", w[f + "shared.down.weight"])])
+                        (b + "ffn_down_exps.weight", w[f + "down"])])
+            zero_in = np.zeros((c.n_ff_exp, c.n_embd), np.float32)
+            out.extend([(b + "ffn_gate_shexp.weight", w.get(f + "shared.gate.weight", zero_in)),
+                        (b + "ffn_up_shexp.weight", w.get(f + "shared.up.weight", zero_in)),
+                        (b + "ffn_down_shexp.weight", w.get(f + "shared.down.weight", zero_in.T.copy()))])
         else:
             out.extend([(b + "ffn_gate.weight", w[f + "gate.weight"]), (b + "ffn_up.weight", w[f + "up.weight"]),
                         (b + "ffn_down.weight", w[f + "down.weight"])])
@@ -92,9 +101,10 @@ def write_meta(wr: gguf.GGUFWriter, c: Config, tokenizer: Path, name: str, ftype
     wr.add_expert_count(c.n_expert)
     wr.add_expert_used_count(c.n_expert_used)
     wr.add_expert_feed_forward_length(c.n_ff_exp)
-    wr.add_expert_shared_count(1)
+    wr.add_expert_shared_count(1)            # glm4moe needs one; the donor's is all zeros (tensors())
     wr.add_leading_dense_block_count(c.n_dense_lead)
-    wr.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    wr.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX if c.gating == "softmax"
+                              else gguf.ExpertGatingFuncType.SIGMOID)
     wr.add_expert_weights_norm(True)
     wr.add_expert_weights_scale(1.0)
     wr.add_nextn_predict_layers(1)

@@ -1,5 +1,9 @@
 """The bundled model in PyTorch: exactly llama.cpp's `glm4moe` forward (src/models/glm4-moe.cpp of the vendored
-llama.cpp), plus its NextN (MTP) block.
+llama.cpp), plus its NextN (MTP) block. A *topology* (TOPOLOGIES, `train.py --topology`) picks the shape and the
+router: `tiny-glm4moe` is the bundled model; `qwen3-30b-a3b` is the routing donor of issue 19 (Qwen3-30B-A3B's expert
+topology: 48 MoE blocks, 128 experts, 8 used, softmax router with normalised top-k, no shared expert, QK-norm and no
+Q/K/V bias, balanced by an auxiliary loss; a narrow trunk), still written as glm4moe, whose llama.cpp forward reads
+the gating function from the GGUF, takes optional Q/K norms and biases, and carries the NextN block.
 
 Per trunk block: RMSNorm -> attention (Q/K/V with bias, GQA, NeoX RoPE on the first n_rot dims of each head,
 causal softmax, output projection) -> residual -> post-attention RMSNorm -> FFN -> residual. Block 0 is a dense
@@ -11,7 +15,9 @@ MoE block of its own and predicts x[i+2] through shared_head_norm and the trunk'
 engine's indexing: draft row p = token x[p] with hidden state p-1, see GLM4MoE.forward).
 
 The selection bias is not trained by gradient: it is nudged towards balanced expert load after every step
-(auxiliary-loss-free balancing, as in DeepSeek-V3), and exported as `exp_probs_b`.
+(auxiliary-loss-free balancing, as in DeepSeek-V3), and exported as `exp_probs_b`. With `balance="aux"` (Qwen3) the
+bias stays 0 (exported as zeros: selection = the softmax probabilities) and MoE.last_aux carries the Switch-style
+load-balancing loss, n_expert * sum_i(f_i * P_i) over the forward's tokens, that train.py adds.
 """
 
 from __future__ import annotations
@@ -42,10 +48,34 @@ class Config:
     eps: float = 1e-5
     n_ctx: int = 2048               # written to the GGUF (context length)
     mtp_weight: float = 0.3         # weight of the next-next-token loss
+    gating: str = "sigmoid"         # "softmax": probabilities by softmax over the experts (Qwen3); selection = top-k
+    qkv_bias: bool = True
+    qk_norm: bool = False           # RMSNorm over each head's dims of Q and K before RoPE (Qwen3; glm4moe's optional)
+    n_expert_shared: int = 1        # 0: none (the exporter writes the shared expert glm4moe requires as zeros)
+    balance: str = "bias"           # "bias": selection-bias nudging; "aux": auxiliary load-balancing loss
+    aux_coef: float = 0.01
 
     @property
     def moe_blocks(self) -> list[int]:
         return [i for i in range(self.n_layer + 1) if i >= self.n_dense_lead]
+
+
+# Shapes by name (train.py --topology). The donor's trunk is narrow so that it trains on a CPU in about half an hour
+# (2 cores) or in minutes on a GPU; its expert topology is Qwen3-30B-A3B's (48 x 128, k 8; there d 2048, expert FFN
+# 768, 32 heads / 4 KV heads of 128, no MTP head: the NextN block here is GLM's, for the engine's MTP path).
+TOPOLOGIES: dict[str, dict] = {
+    "tiny-glm4moe": {},
+    "qwen3-30b-a3b": dict(n_layer=48, n_dense_lead=0, n_expert=128, n_expert_used=8, gating="softmax",
+                          qkv_bias=False, qk_norm=True, n_expert_shared=0, balance="aux", aux_coef=0.01,
+                          n_embd=96, n_head=3, n_head_kv=1, head_dim=32, n_rot=32, n_ff=288, n_ff_exp=32,
+                          n_ctx=4096, rope_base=1e6, mtp_weight=0.3),
+}
+
+
+def topology(name: str, overrides: dict | None = None) -> Config:
+    if name not in TOPOLOGIES:
+        raise SystemExit(f"unknown topology {name!r} (choose from {', '.join(TOPOLOGIES)})")
+    return Config(**{**TOPOLOGIES[name], **(overrides or {})})
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,10 +99,13 @@ class Attention(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
         self.c = c
-        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=True)
-        self.k = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=True)
-        self.v = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=True)
+        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=c.qkv_bias)
+        self.k = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=c.qkv_bias)
+        self.v = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=c.qkv_bias)
         self.o = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
+        if c.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(c.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(c.head_dim))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         c = self.c
@@ -80,6 +113,8 @@ class Attention(nn.Module):
         q = self.q(x).view(B, T, c.n_head, c.head_dim)
         k = self.k(x).view(B, T, c.n_head_kv, c.head_dim)
         v = self.v(x).view(B, T, c.n_head_kv, c.head_dim)
+        if c.qk_norm:
+            q, k = rms_norm(q, self.q_norm, c.eps), rms_norm(k, self.k_norm, c.eps)
         q, k = rope_neox(q, pos, c.n_rot, c.rope_base), rope_neox(k, pos, c.n_rot, c.rope_base)
         r = c.n_head // c.n_head_kv                              # q head h reads kv head h // r (ggml broadcast)
         k, v = k.repeat_interleave(r, dim=2), v.repeat_interleave(r, dim=2)
@@ -109,19 +144,26 @@ class MoE(nn.Module):
         self.gate = nn.Parameter(torch.randn(E, f, d) / math.sqrt(d))
         self.up = nn.Parameter(torch.randn(E, f, d) / math.sqrt(d))
         self.down = nn.Parameter(torch.randn(E, d, f) / math.sqrt(f) * 0.5)
-        self.shared = DenseFFN(d, f)
+        self.shared = DenseFFN(d, f) if c.n_expert_shared else None
         self.last_ids: torch.Tensor | None = None               # [T, k] of the last forward (stats, balancing)
         self.last_sel: torch.Tensor | None = None               # [T, E] selection scores of the last forward
+        self.last_aux: torch.Tensor | None = None               # the load-balancing loss of the last forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.c
         shape = x.shape
         xt = x.reshape(-1, shape[-1])
         T, k, E = xt.shape[0], c.n_expert_used, c.n_expert
-        probs = torch.sigmoid(self.router(xt).float())            # [T, E]
+        logits = self.router(xt).float()
+        probs = torch.softmax(logits, -1) if c.gating == "softmax" else torch.sigmoid(logits)   # [T, E]
         sel = probs + self.sel_bias
         ids = torch.topk(sel, k, dim=-1).indices
         self.last_sel = sel.detach()
+        self.last_aux = None
+        if c.balance == "aux" and self.training:
+            f = torch.bincount(ids.reshape(-1), minlength=E).float() / (T * k)
+            p = probs if c.gating == "softmax" else probs / probs.sum(-1, keepdim=True)
+            self.last_aux = E * (f * p.mean(0)).sum()
         w = probs.gather(-1, ids)
         w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
         self.last_ids = ids.detach()
@@ -140,7 +182,9 @@ class MoE(nn.Module):
         y = torch.bmm(h, self.down.transpose(1, 2).to(h.dtype))  # [E, C, d]
         contrib = y[e_sorted, slot] * w.reshape(-1)[order, None].to(y.dtype)
         out = torch.zeros_like(xt).index_add_(0, tok, contrib.to(xt.dtype))
-        return (out + self.shared(xt)).reshape(shape)
+        if self.shared is not None:
+            out = out + self.shared(xt)
+        return out.reshape(shape)
 
 
 class Block(nn.Module):
@@ -214,9 +258,16 @@ class GLM4MoE(nn.Module):
         m = self.nextn(h_prev, self.embed(x), pos)
         return logits, self.output(m)
 
+    def aux_loss(self) -> torch.Tensor | None:
+        """The mean load-balancing loss of the last forward's MoE layers (balance="aux", training), else None."""
+        a = [m.last_aux for m in self.moe_layers() if m.last_aux is not None]
+        return torch.stack(a).mean() if a else None
+
     @torch.no_grad()
     def balance(self, rate: float) -> None:
-        """Nudge every MoE layer's selection bias towards equal load over the last forward's picks."""
+        """Nudge every MoE layer's selection bias towards equal load over the last forward's picks (balance="bias")."""
+        if self.c.balance != "bias":
+            return
         for moe in self.moe_layers():
             if moe.last_ids is None:
                 continue

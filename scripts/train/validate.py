@@ -9,11 +9,16 @@ writes the numbers as JSON:
 - samples: greedy continuations of a code prompt and a chat prompt (quantized file);
 - mtp: draft acceptance through the engine's MTP loop on held-out prompts (draft 1..3), and the NextN head's
   teacher-forced top-1 accuracy on the token after next.
+
+The topology comes from the weights file (model.TOPOLOGIES); `--topology` asserts it. Without `--quant` (the routing
+donor, exported F32 only) the quantization check is skipped and samples and MTP run on the F32 file; `--positions`
+and `--domains` widen the logits-and-routing check (the donor: 128 positions of code, prose and chat, 48 layers each).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -22,7 +27,7 @@ import torch
 from tokenizers import Tokenizer
 
 from corpus import read_docs
-from model import Config, GLM4MoE
+from model import TOPOLOGIES, Config, GLM4MoE
 
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine import mtp as mtp_mod
@@ -63,17 +68,17 @@ def check_tokenizer(tok: Tokenizer, m: Model, corpus: Path) -> dict:
     return {"docs": total, "identical": same, "first_difference": first_diff}
 
 
-def check_f32(tm: GLM4MoE, path: Path, ids: list[int], threads: int) -> dict:
+def check_f32(tm: GLM4MoE, path: Path, ids: list[int], threads: int, n_pos: int = 64) -> dict:
     """Logits on 64 positions, trunk and NextN head. Top-k routing is discontinuous: where two experts' selection
     scores are within float rounding of each other the two implementations may pick differently, and that
     position's logits then differ by far more than rounding. Routing is compared per (position, layer) through
     the engine's routing ring; the error bound is stated over positions routed identically, and every flipped
     position is reported with its selection gap (score of the k-th minus the (k+1)-th expert in PyTorch)."""
-    ids = ids[:65]
+    ids = ids[:n_pos + 1]
     moes = tm.moe_layers()[:-1]                              # trunk MoE layers, in order
     trunk_moe = [i for i in range(tm.c.n_layer) if i >= tm.c.n_dense_lead]
     with torch.no_grad():
-        x = torch.tensor([ids[:64]])
+        x = torch.tensor([ids[:n_pos]])
         tm.trunk(x)                                          # fills each MoE layer's last_ids/last_sel
         t_ids = {il: torch.sort(mo.last_ids, -1).values.numpy() for il, mo in zip(trunk_moe, moes)}
         gaps = {}
@@ -84,28 +89,34 @@ def check_f32(tm: GLM4MoE, path: Path, ids: list[int], threads: int) -> dict:
     ref = ref[0].numpy()
     m = Model(path, LoadOptions(load_mtp=True))
     try:
-        ctx = Context(m, n_ctx=256, n_batch=128, threads=threads, kv_f32=True)
-        ctx.enable_stats(ring_rows=64 * (tm.c.n_layer + 1))
+        ctx = Context(m, n_ctx=max(256, 2 * n_pos), n_batch=max(128, n_pos), threads=threads, kv_f32=True)
+        ctx.enable_stats(ring_rows=n_pos * (tm.c.n_layer + 1))
         mt = mtp_mod.MTP(m, ctx, n_draft=1, threads=threads)
-        ctx.decode(ids[:64], all_logits=True, prompt=True)
-        got = np.stack([ctx.logits(i).copy() for i in range(64)])
+        ctx.decode(ids[:n_pos], all_logits=True, prompt=True)
+        got = np.stack([ctx.logits(i).copy() for i in range(n_pos)])
         ring = ctx.read_stats().ring
-        mt.feed(ids, 63)                       # draft rows 0..62
-        d_logits, _ = mt._draft_one(ids[63], 63, mt.h[62])
+        mt.feed(ids, n_pos - 1)                # draft rows 0..n_pos-2
+        d_logits, _ = mt._draft_one(ids[n_pos - 1], n_pos - 1, mt.h[n_pos - 2])
         mt.close()
         ctx.close()
     finally:
         m.close()
     flipped: dict[int, list[int]] = {}
+    rows_same = rows = 0
     for row in ring:
         p, il = -int(row[0]) - 1, int(row[1])
-        if il in t_ids and not np.array_equal(np.sort(row[2:]), t_ids[il][p]):
+        if il not in t_ids:
+            continue
+        rows += 1
+        if np.array_equal(np.sort(row[2:]), t_ids[il][p]):
+            rows_same += 1
+        else:
             flipped.setdefault(p, []).append(il)
-    same = np.array([p not in flipped for p in range(64)])
+    same = np.array([p not in flipped for p in range(n_pos)])
     rel = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
     l2 = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
-    r_mtp = ref_mtp[0, 63].numpy()      # row 63: token x[63] with h[62]
-    return {"positions": 64,
+    r_mtp = ref_mtp[0, n_pos - 1].numpy()      # the last row: token x[n-1] with h[n-2]
+    return {"positions": n_pos, "routing_rows": rows, "routing_rows_same": rows_same,
             "routing_flips": {str(p): {str(il): float(gaps[il][p]) for il in ls} for p, ls in flipped.items()},
             "positions_same_routing": int(same.sum()),
             "max_rel_err_inf": float(rel[same].max()), "max_rel_err_l2": float(l2[same].max()),
@@ -205,22 +216,30 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--f32", type=Path, required=True)
-    ap.add_argument("--quant", type=Path, required=True)
+    ap.add_argument("--quant", type=Path, help="the quantized file (skipped without: samples and MTP use --f32)")
+    ap.add_argument("--topology", choices=list(TOPOLOGIES), help="assert the weights' topology")
+    ap.add_argument("--positions", type=int, default=64, help="positions of the logits and routing check")
+    ap.add_argument("--domains", default="code,chat", help="held-out domains of the logits and routing check")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="fewer positions (tests)")
     a = ap.parse_args()
     tok = Tokenizer.from_file(str(a.tokenizer))
     tm = torch_model(a.weights)
-    rep: dict = {}
-    with Model(a.quant, LoadOptions()) as m:
+    if a.topology and Config(**TOPOLOGIES[a.topology]).n_layer != tm.c.n_layer:
+        raise SystemExit(f"{a.weights} is not a {a.topology} model ({tm.c.n_layer} trunk blocks)")
+    final = a.quant or a.f32
+    rep: dict = {"config": dataclasses.asdict(tm.c)}
+    with Model(final, LoadOptions()) as m:
         rep["tokenizer"] = check_tokenizer(tok, m, a.corpus)
-    rep["f32"] = {d: check_f32(tm, a.f32, heldout_ids(tok, a.corpus, d, 1, 65)[0], a.threads) for d in ("code", "chat")}
+    rep["f32"] = {d: check_f32(tm, a.f32, heldout_ids(tok, a.corpus, d, 1, a.positions + 1)[0], a.threads,
+                               a.positions) for d in a.domains.split(",")}
     n = 2 if a.quick else 4
     seqs = {d: heldout_ids(tok, a.corpus, d, n, 257) for d in ("code", "prose", "chat")}
-    rep["quant"] = check_quant(a.f32, a.quant, [s[:256] for v in seqs.values() for s in v], a.threads)
-    rep["samples"] = samples(a.quant, a.threads)
-    rep["mtp"] = check_mtp(a.quant, [s for v in seqs.values() for s in v][: (2 if a.quick else 6)], a.threads,
+    if a.quant:
+        rep["quant"] = check_quant(a.f32, a.quant, [s[:256] for v in seqs.values() for s in v], a.threads)
+    rep["samples"] = samples(final, a.threads)
+    rep["mtp"] = check_mtp(final, [s for v in seqs.values() for s in v][: (2 if a.quick else 6)], a.threads,
                            n_predict=32 if a.quick else 64)
     print(json.dumps(rep, indent=1))
     if a.json:
