@@ -113,24 +113,25 @@ class TierRunner:
         self._job = None
         layers = dict(self.plan.layers)
         changed = False
-        for il, e, nbytes in job.result():
-            j = self.col[il]
-            if nbytes < 0:
-                self.rule.drop(j)
-                self.counts.failed += 1
-                continue
-            e2, victim = self.rule.land(j)
-            assert e2 == e
-            slots = list(layers[il])
-            slot = slots.index(victim)                   # the engine's tier is always full: a victim leaves
-            cache_mod.commit(self.model_ptr, il, slot)
-            slots[slot] = e
-            layers[il] = tuple(slots)
-            self.counts.landed += 1
-            self.counts.bytes += nbytes
-            changed = True
-        if changed:
-            self.plan = SlotPlan(layers)
+        try:
+            for il, e, nbytes in job.result():
+                j = self.col[il]
+                if nbytes < 0:
+                    self.rule.drop(j)
+                    self.counts.failed += 1
+                    continue
+                slots = list(layers[il])
+                slot = slots.index(self.rule.pending[j][1])   # the engine's tier is always full: a victim leaves
+                cache_mod.commit(self.model_ptr, il, slot)
+                self.rule.land(j)
+                slots[slot] = e
+                layers[il] = tuple(slots)
+                self.counts.landed += 1
+                self.counts.bytes += nbytes
+                changed = True
+        finally:                                         # a failed commit: the plan is what the cache holds
+            if changed:
+                self.plan = SlotPlan(layers)
         return self.plan if changed else None
 
     # -- lifetime -------------------------------------------------------------------------------------------

@@ -192,7 +192,15 @@ class Residency:
         eng = self.eng
         if self.tier is not None:
             before = self.tier.counts.bytes
-            plan = self.tier.step(n_new)                           # between decodes: commits, decisions, stages
+            try:
+                plan = self.tier.step(n_new)                       # between decodes: commits, decisions, stages
+            except cache_mod.CacheError as e:                      # never end the reply: the slots stay as they are
+                eng.notices.append(f"the dynamic tier stopped (its copy failed: {e}); the slots stay as they are")
+                with eng._lock:
+                    eng._plan = self.tier.plan
+                    self._close_tier()
+                    self.policy_line = "static (the dynamic tier stopped: a copy failed)"
+                return
             if plan is not None:
                 with eng._lock:
                     eng._plan = plan

@@ -197,3 +197,32 @@ def test_policy_and_repick_are_one_or_the_other(tiny_glm: Path) -> None:
         assert e.snapshot().repicks > 0
     finally:
         e.close()
+
+
+def test_a_failed_copy_stops_the_tier_not_the_reply(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit the cache refuses mid-reply: the reply ends normally, a notice says the tier stopped, the policy is
+    static again and the engine's plan is what the cache holds (every resident answers `swap` as already placed)."""
+    from moeslots.engine import cache
+
+    real, calls = cache.commit, []
+
+    def flaky(ptr: int, il: int, slot: int) -> None:
+        calls.append(il)
+        if len(calls) == 4:
+            raise cache.CacheError("refused for the test", -1)
+        real(ptr, il, slot)
+
+    monkeypatch.setattr(cache, "commit", flaky)
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=False, policy="dynamic",
+                            slots=SlotPlan.uniform([1, 2], 6, 16), tier_wait=True))
+    try:
+        assert len(_reply(e, "tell me about the experts")) > 0 and len(calls) >= 4
+        assert any("dynamic tier stopped" in n for n in e.notices)
+        snap = e.snapshot()
+        assert snap.policy == "static" and e.residency.tier is None and "stopped" in snap.policy_line
+        assert e._plan != SlotPlan.uniform([1, 2], 6, 16)                       # three commits went in
+        for il, experts in e._plan.layers.items():
+            assert all(cache.swap(e.model.ptr, il, slot, x) == 0 for slot, x in enumerate(experts))
+        _reply(e, "and more")                                                  # the chat goes on, static
+    finally:
+        e.close()
