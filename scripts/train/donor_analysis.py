@@ -1,7 +1,7 @@
 """The routing analysis of docs/profiles.md (issue 19) on the routing donor's traces: locality, skew, hit-rate curves
 of the residency policies, workload overlap. Markdown on stdout.
 
-    .venv/bin/python scripts/donor_analysis.py [PREFIX] [--slots 13,32,64,96] [--quick]
+    .venv/bin/python scripts/train/donor_analysis.py [PREFIX] [--slots 13,32,64,96] [--quick]
 
 PREFIX: the traces are PREFIX-{code,chat,prose}-{greedy,sampled}.npz (default: the kept ones,
 profiles/data/moeslots-donor-qwen3-30b-a3b). Static-profile plans are out of sample: a trace is scored with the plan
