@@ -6,7 +6,8 @@
 # command can be repeated in short runs.
 #
 #   scripts/train/donor.sh WORK [MINUTES] [cpu|cuda] [train-only]
-#     cpu:  2 cores, nice'd, one torch thread (shared box; ~35 minutes gives the donor of docs/profiles.md)
+#     cpu:  2 cores, nice'd, one torch thread: step 150 of a 300-step schedule (153,600 tokens), the donor of
+#           docs/profiles.md (45 minutes on the shared, busy 2-core dev box; a fresh run stops at step 150 too)
 #     cuda: the H200 box, bf16 autocast, batch 64 x 256 (the issue's <= 15 minutes)
 #
 # Needs python3 with torch + tokenizers (+ gguf and the moeslots engine for export/validate/record): PY=... picks
@@ -14,7 +15,7 @@
 # validation.json,traces/}.
 set -euo pipefail
 W=${1:?usage: donor.sh WORK [MINUTES] [cpu|cuda] [train-only]}
-MIN=${2:-45}
+MIN=${2:-120}
 DEV=${3:-cpu}
 PY=${PY:-python3}
 D=$(cd "$(dirname "$0")" && pwd)
@@ -26,7 +27,7 @@ COMMON=(--corpus "$W/corpus" --tokenizer "$W/tokenizer.json" --out "$W" --minute
 if [ "$DEV" = cuda ]; then
   "$PY" "$D/train.py" "${COMMON[@]}" --device cuda --batch 64 --seq 256 --lr 3e-3 --warmup 100 --steps 3000 2>&1 | tee -a "$W/train.log"
 else
-  nice -n 10 "$PY" "$D/train.py" "${COMMON[@]}" --device cpu --threads 1 --batch 4 --seq 256 --lr 3e-3 --warmup 30 --steps 300 \
+  nice -n 10 "$PY" "$D/train.py" "${COMMON[@]}" --device cpu --threads 1 --batch 4 --seq 256 --lr 3e-3 --warmup 30 --steps 300 --max-steps 150 \
     2>&1 | tee -a "$W/train.log"
 fi
 [ "${4:-}" = train-only ] && exit 0
