@@ -32,7 +32,9 @@ TIPS = {
     "prompt-speed": "prompt (prefill) tokens/s of the last reply; MTP acceptance",
     "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
     "split": "share of the decode expert picks served from slots vs computed from host memory",
-    "uploads": "weight bytes copied to the GPU per decode token (0 with a static cache), experts computed on the "
+    "uploads": "with a dynamic tier (--policy hybrid|dynamic): expert picks per token served by the static slots, by "
+               "the tier and on the CPU, and tier copies per token (prefetched while decoding); then weight bytes "
+               "copied to the GPU per decode token (0 with a static cache), experts computed on the "
                "CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
               "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
@@ -54,6 +56,11 @@ def slots_of(snap: Snapshot) -> int:
 
 
 def policy(snap: Snapshot) -> str:
+    if snap.policy in ("hybrid", "dynamic"):
+        return snap.policy_line or (f"{snap.policy}: {snap.tier_slots} tier slots per layer"
+                                    if snap.policy == "hybrid" else "dynamic: every slot follows the routing")
+    if snap.policy_line and snap.policy_line.startswith("auto"):
+        return snap.policy_line
     if snap.repick_auto:
         return f"auto: {f're-pick every {snap.repick_every}' if snap.repick_every else 'static'}"
     return f"re-pick every {snap.repick_every}" if snap.repick_every else "static slots"
@@ -111,7 +118,10 @@ class Inspector(Vertical):
         self._put("prompt", f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}{reread}", q("#prompt-speed", Static).update)
         self._put("mtp", mtp_line, self._show_mtp)
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
-        self._put("uploads", f"uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "
+        core, tier, cpu = snap.split_per_token
+        tiered = (f"per token: slots {core:.1f} · tier {tier:.1f} · CPU {cpu:.1f} experts, "
+                  f"{snap.tier_uploads_per_token:.2f} tier copies\n" if snap.tier_slots else "")
+        self._put("uploads", f"{tiered}uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "
                   f"{snap.cpu_experts_per_token:.1f}   pack {snap.pack_bytes / 2**20:.0f} MiB",
                   q("#uploads", Static).update)
         n_rp = snap.repicks

@@ -5,6 +5,7 @@ follows the terminal's width both ways. Each test failed on the code before issu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -163,3 +164,27 @@ async def test_the_inspector_follows_the_width_both_ways(store: Store) -> None:
         await pilot.resize_terminal(160, 40)
         await pilot.pause(0.2)
         assert insp.display                                       # each crossing sets the width's default
+
+
+class TierEngine(FakeEngine):
+    """A snapshot with a dynamic tier in force (engine.hybrid_tier: --policy hybrid)."""
+
+    def snapshot(self):  # noqa: ANN201
+        return dataclasses.replace(super().snapshot(), policy="hybrid", tier_slots=2,
+                                   policy_line="hybrid: 2 core + 2 tier slots", split_per_token=(3.1, 1.2, 3.7),
+                                   tier_uploads_per_token=0.5)
+
+
+async def test_the_inspector_shows_the_tier_and_the_split_per_token(store: Store) -> None:
+    """--policy hybrid|dynamic: the policy line names core and tier, and the picks per token are split three ways
+    (slots, tier, CPU) with the tier's copies per token; a static cache shows no tier line."""
+    app = MoeslotsApp(TierEngine(), store=store)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.4)
+        assert _text(app, "#profile") == "profile fake-profile.csv · hybrid: 2 core + 2 tier slots"
+        assert _text(app, "#uploads").startswith("per token: slots 3.1 · tier 1.2 · CPU 3.7 experts, 0.50 tier "
+                                                 "copies\nuploaded/token")
+    app = MoeslotsApp(FakeEngine(), store=store)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.4)
+        assert "tier" not in _text(app, "#uploads")
