@@ -40,17 +40,21 @@ class SimResult:
 def token_matrix(t: Trace, max_step: int = 16) -> tuple[list[int], np.ndarray]:
     """Decode rows as [n_tokens, n_layers, k], tokens in order. Rows of one batch come layer by layer (a verify
     batch writes pos n, n+1, n, n+1, ...), so rows are grouped by position, not by adjacency; a position that
-    drops by more than `max_step` starts a new recording (merged traces restart at 0). A repeated (pos, layer)
+    drops by more than `max_step`, or one after prompt rows, starts a new recording (merged traces restart at 0;
+    the recorder writes each turn's prompt rows before its reply's). A repeated (pos, layer)
     keeps its last row (a re-decoded position after an MTP rollback); tokens missing a layer are dropped."""
     d = t.decode
     pos, layer, ids = t.pos[d], t.layer[d], t.ids[d]
     if pos.size == 0:
         raise TraceError("the trace has no decode rows to simulate")
+    # prompt rows after decode rows start a new turn (a recorder's next prompt): its tokens never merge with the
+    # last turn's, even where a short reply leaves the positions within max_step of each other
+    turn = np.concatenate([[0], np.cumsum(~d[1:] & d[:-1])])[d]
     seg = np.zeros(pos.size, np.int64)
     run_max = pos[0]
     s = 0
     for i in range(1, pos.size):                 # cheap: one pass of Python ints over rows
-        if pos[i] < run_max - max_step:
+        if turn[i] != turn[i - 1] or pos[i] < run_max - max_step:
             s += 1
             run_max = pos[i]
         else:

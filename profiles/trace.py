@@ -7,9 +7,9 @@ Writes are atomic (temp file + rename).
 
 Compressed: a name ending in `.gz` (gzip) or `.xz` (xz) is the same CSV compressed, read and written as such.
 Well-formed rows are parsed in one numpy call; anything else goes through the line-by-line parser, which names the
-file and line of the first bad row. Binary: a name ending in `.npz` holds the same rows as numpy arrays, deflated
-(`pos` int64, `layer` uint16, `ids` uint8 when the experts fit a byte, `meta` the facts as JSON); the 48-layer
-traces of issue 19's routing donor are kept so in profiles/data/ (a fifth of the size of the CSV, read at once).
+file and line of the first bad row. Binary: a name ending in `.npz` holds the same rows as numpy arrays
+(`pos` int64, `layer` uint16, `ids` uint8 when the experts fit a byte, `meta` the facts as JSON; members LZMA-
+compressed, which np.load reads); the 48-layer traces of issue 19's routing donor are kept so in profiles/data/.
 """
 
 from __future__ import annotations
@@ -192,11 +192,20 @@ def _read_npz(path: Path) -> Trace:
 
 
 def _npz_bytes(trace: Trace) -> bytes:
+    """An .npz (np.load reads it) whose members are LZMA-compressed: half the size of np.savez_compressed's deflate
+    on routing ids (1.4 -> 0.6 MB for 4,000 tokens x 48 layers x 8 ids, rows sorted)."""
     small = trace.n_rows == 0 or int(trace.ids.max()) < 256
+    arrays = {"pos": trace.pos.astype(np.int64), "layer": trace.layer.astype(np.uint16),
+              "ids": trace.ids.astype(np.uint8 if small else np.int32),
+              "meta": np.array(json.dumps(dict(trace.meta), sort_keys=True))}
     buf = io.BytesIO()
-    np.savez_compressed(buf, pos=trace.pos.astype(np.int64), layer=trace.layer.astype(np.uint16),
-                        ids=trace.ids.astype(np.uint8 if small else np.int32),
-                        meta=np.array(json.dumps(dict(trace.meta), sort_keys=True)))
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_LZMA) as z:
+        for name, a in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, a, allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))   # same trace, same bytes
+            info.compress_type = zipfile.ZIP_LZMA
+            z.writestr(info, member.getvalue())
     return buf.getvalue()
 
 
