@@ -4,11 +4,11 @@ of the residency policies, workload overlap. Markdown on stdout.
     .venv/bin/python scripts/train/donor_analysis.py [PREFIX] [--slots 13,32,64,96] [--quick]
 
 PREFIX: the traces are PREFIX-{code,chat,prose}-{greedy,sampled}.npz (default: the kept ones,
-profiles/data/moeslots-donor-qwen3-30b-a3b). Static-profile plans are out of sample: a trace is scored with the plan
-from the *other* trace of its workload (greedy <-> sampled: other replies to other prompts, same kind of text), and,
-as "wrong workload", with the plan of the other workloads' sampled traces merged. The hybrid policy (profiles/hybrid.py)
-gets a core of 3/4 of the slots from the out-of-sample plan and a dynamic tier of the other 1/4. Costs: the default
-cost model (the H200 box, a 3.06 MB slab: Qwen3-30B-A3B at Q4_K_M) for MB uploaded and est. ms per token.
+profiles/data/moeslots-donor-qwen3-30b-a3b). Hit rates are scored on the second half of a trace (replies to other
+prompts than the first half's) and every static plan is out of sample: from the first half (same workload), from the
+other decode mode's trace (same workload), from the other workloads' sampled traces merged. Re-elect starts from the
+first-half plan; the hybrid policy (profiles/hybrid.py) gets a core of 3/4 of the slots from it and a dynamic tier of
+the other 1/4. Costs: the default cost model (the H200 box, a 3.06 MB slab: Qwen3-30B-A3B at Q4_K_M) for MB uploaded.
 """
 
 from __future__ import annotations
@@ -78,6 +78,14 @@ def skew_table(tr: dict[tuple[str, str], Trace]) -> None:
               f"{e.mean():.0f}, {e.min():.0f} (L{layers[int(e.argmin())]}) |")
 
 
+def half(t: Trace, first: bool) -> Trace:
+    """The rows before (first) or from the middle decode row on: two recordings of other prompts, same workload."""
+    d = np.flatnonzero(t.decode)
+    cut = d[len(d) // 2]
+    sel = np.arange(t.n_rows) < cut if first else np.arange(t.n_rows) >= cut
+    return Trace(t.pos[sel], t.layer[sel], t.ids[sel], t.meta)
+
+
 def other_plan(tr: dict[tuple[str, str], Trace], w: str, m: str) -> Trace | None:
     return tr.get((w, "sampled" if m == "greedy" else "greedy"))
 
@@ -88,30 +96,35 @@ def wrong_plan(tr: dict[tuple[str, str], Trace], w: str) -> Trace | None:
 
 
 def curves(tr: dict[tuple[str, str], Trace], slots: list[int], cost: CostModel, quick: bool) -> None:
-    print("Hit % of decode picks (MB uploaded per token for the dynamic ones):\n")
-    for (w, m), t in tr.items():
+    """Each trace's second half (other prompts than its first half) scored; every plan out of sample: the first
+    half's (same workload), the other decode mode's trace (same workload), the other workloads' sampled traces."""
+    print("Hit % of decode picks on the second half of each trace (MB uploaded per token for the dynamic ones):\n")
+    for (w, m), full in tr.items():
         if quick and m == "greedy":
             continue
-        train, wrong = other_plan(tr, w, m), wrong_plan(tr, w)
-        print(f"**{w}-{m}** (plan from {w}-{'sampled' if m == 'greedy' else 'greedy'}):\n")
-        print("| slots | static, profile (out of sample) | static, wrong workload | static-oracle | lru | "
-              "lfu-decay | reelect-16 | reelect-64 | hybrid (core 3/4 + tier 1/4) |\n|---|---|---|---|---|---|---|---|---|")
+        t, first, mode, wrong = half(full, False), half(full, True), other_plan(tr, w, m), wrong_plan(tr, w)
+        other = "sampled" if m == "greedy" else "greedy"
+        print(f"**{w}-{m}**, tokens {full.decode_tokens // 2}.. ({t.decode_tokens} tokens):\n")
+        print(f"| slots | static: first-half plan | static: {w}-{other} plan | static: other workloads' plan | "
+              "static-oracle | lru | lfu-decay | reelect-16 | reelect-64 | hybrid (core 3/4 + tier 1/4) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
         layers, P = token_matrix(t)
         for s in slots:
-            pol = ["static-oracle", "lru", "lfu-decay", "reelect-16", "reelect-64"]
-            r = {x.policy: x for x in simulate(t, s, pol, train=train, cost=cost)}
-            prof = simulate(t, s, ["static-profile"], train=train, cost=cost)[0] if train is not None else None
-            wr = simulate(t, s, ["static-profile"], train=wrong, cost=cost)[0] if wrong is not None else None
-            src = train if train is not None else t
-            counts = from_trace(src, max(max(layers) + 1, src.n_layer), t.n_expert).counts[layers]
+            pol = ["static-profile", "static-oracle", "lru", "lfu-decay", "reelect-16", "reelect-64"]
+            r = {x.policy: x for x in simulate(t, s, pol, train=first, cost=cost)}
+
+            def static(src: Trace | None) -> str:
+                return pct(simulate(t, s, ["static-profile"], train=src, cost=cost)[0].hit_rate) if src else "—"
+
+            counts = from_trace(first, max(max(layers) + 1, first.n_layer), t.n_expert).counts[layers]
             hy = hybrid.sweep(P, counts, s, cost, tiers=[s // 4])[0]
 
             def dyn(x: str) -> str:
                 return f"{pct(r[x].hit_rate)} ({r[x].mb_per_token(cost):.0f})"
 
-            print(f"| {s} ({100 * s / t.n_expert:.0f} %) | {pct(prof.hit_rate) if prof else '—'} | "
-                  f"{pct(wr.hit_rate) if wr else '—'} | {pct(r['static-oracle'].hit_rate)} | {dyn('lru')} | "
-                  f"{dyn('lfu-decay')} | {dyn('reelect-16')} | {dyn('reelect-64')} | {pct(hy.hit_rate)} "
+            print(f"| {s} ({100 * s / t.n_expert:.0f} %) | {pct(r['static-profile'].hit_rate)} | {static(mode)} | "
+                  f"{static(wrong)} | {pct(r['static-oracle'].hit_rate)} | {dyn('lru')} | {dyn('lfu-decay')} | "
+                  f"{dyn('reelect-16')} | {dyn('reelect-64')} | {pct(hy.hit_rate)} "
                   f"({(hy.sync_uploads_per_token + hy.prefetch_per_token) * cost.slab_mb:.0f}) |", flush=True)
         print()
 
@@ -119,12 +132,6 @@ def curves(tr: dict[tuple[str, str], Trace], slots: list[int], cost: CostModel, 
 def overlap_table(tr: dict[tuple[str, str], Trace], slots: list[int]) -> None:
     def prof(t: Trace):  # type: ignore[no-untyped-def]
         return from_trace(t, t.n_layer, t.n_expert)
-
-    def half(t: Trace, first: bool) -> Trace:
-        d = np.flatnonzero(t.decode)
-        cut = d[len(d) // 2]
-        sel = np.arange(t.n_rows) < cut if first else np.arange(t.n_rows) >= cut
-        return Trace(t.pos[sel], t.layer[sel], t.ids[sel], t.meta)
 
     print("| pair | " + " | ".join(f"top-{s}" for s in slots) + " |\n|---|" + "---|" * len(slots))
     print("| *chance* | " + " | ".join(pct(s / 128) for s in slots) + " |")
