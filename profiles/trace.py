@@ -284,8 +284,9 @@ def _checked(path: Path, t: Trace, meta: dict[str, str]) -> Trace:
 
 
 def write_csv(trace: Trace, path: Path) -> None:
-    """Compressed when the name ends in .gz or .xz, binary for .npz. Atomic: a crash, a full disk or an interrupt leaves the old file (or none), never half a profile; the file
-    gets the permissions a plain open() would (moeslots.atomicfile). TraceError (one line) when it cannot be written."""
+    """Compressed when the name ends in .gz or .xz, binary for .npz. Atomic: a crash, a full disk or an interrupt
+    leaves the old file (or none), never half a profile; the file gets the permissions a plain open() would
+    (moeslots.atomicfile). TraceError (one line) when it cannot be written."""
     from .. import atomicfile
 
     path = Path(path)

@@ -25,10 +25,11 @@ mkdir -p "$W"
 COMMON=(--corpus "$W/corpus" --tokenizer "$W/tokenizer.json" --out "$W" --minutes "$MIN" --topology qwen3-30b-a3b
         --mix code=0.34,prose=0.33,chat=0.33 --seed 0 --log-every 10 --save-every 120)
 if [ "$DEV" = cuda ]; then
-  "$PY" "$D/train.py" "${COMMON[@]}" --device cuda --batch 64 --seq 256 --lr 3e-3 --warmup 100 --steps 3000 2>&1 | tee -a "$W/train.log"
-else
-  nice -n 10 "$PY" "$D/train.py" "${COMMON[@]}" --device cpu --threads 1 --batch 4 --seq 256 --lr 3e-3 --warmup 30 --steps 300 --max-steps 150 \
+  "$PY" "$D/train.py" "${COMMON[@]}" --device cuda --batch 64 --seq 256 --lr 3e-3 --warmup 100 --steps 3000 \
     2>&1 | tee -a "$W/train.log"
+else
+  nice -n 10 "$PY" "$D/train.py" "${COMMON[@]}" --device cpu --threads 1 --batch 4 --seq 256 --lr 3e-3 --warmup 30 \
+    --steps 300 --max-steps 150 2>&1 | tee -a "$W/train.log"
 fi
 [ "${4:-}" = train-only ] && exit 0
 [ -f "$W/donor-f32.gguf" ] || "$PY" "$D/export.py" "$W/weights.pt" --tokenizer "$W/tokenizer.json" \

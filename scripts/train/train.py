@@ -3,18 +3,19 @@
 `--topology` picks the shape (model.TOPOLOGIES): the bundled `tiny-glm4moe` (default) or the routing donor
 `qwen3-30b-a3b` (issue 19). `--device` picks where it trains: `auto` is CUDA when torch sees a GPU (bf16 autocast),
 else the CPU (float32; `--threads` sets torch's thread count: on a busy shared box 1 thread beats 2 busy-waiting
-OpenMP threads by ~5x). The routing donor, one command per machine (fixed seed 0; resumable):
+OpenMP threads by ~5x). The routing donor, one command per machine (fixed seed 0):
 
-    scripts/train/donor.sh WORK 35 cpu        # 2 CPU cores, ~35 min of training
-    scripts/train/donor.sh WORK 12 cuda       # the H200 box, same script, the GPU
+    scripts/train/donor.sh WORK 120 cpu       # 2 CPU cores: step 150 of 300 (45 minutes on the busy dev box)
+    scripts/train/donor.sh WORK 12 cuda       # the H200 box, same script, the GPU (3,000 steps of 64 x 256)
 
 Every run continues from <out>/ckpt.pt when it exists (model, optimizer, step, tokens seen) and stops cleanly
 after --minutes (checkpoint every --save-every seconds and at the end), so training can run in short pieces on a
 shared GPU box. The learning rate follows a warm-up + cosine over the run's own time budget; a resumed run
 starts its cosine at --resume-lr-scale of the peak. With --steps N the schedule is over N steps instead (warm-up +
-cosine by step, the same across resumes) and training ends at step N, whatever the time: a fixed seed then gives the
-same model however busy the machine is and however often the run was cut by --minutes. Besides ckpt.pt it writes weights.pt (float16 weights,
-selection biases and config: what the exporter needs) and a log line every --log-every steps.
+cosine by step, the same across resumes) and training ends at step N (or at --max-steps), whatever the time: an
+uninterrupted run with a fixed seed gives the same model however busy the machine is (a resumed run draws other
+batches after the resume: the batch generator restarts at seed + step). Besides ckpt.pt it writes weights.pt
+(float16 weights, selection biases and config: what the exporter needs) and a log line every --log-every steps.
 """
 
 from __future__ import annotations
