@@ -40,14 +40,14 @@ class EngineConfig:
                                                     # "auto": pinned when free RAM holds them (engine.hardware)
     auto_profile: bool = False                      # no profile given: plan from the first prompt, record and
                                                     # save one per model, use it next time (engine.autoprofile)
-    async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0008; process-wide;
+    async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0002; process-wide;
                                                     # off by default: no gain on the H200 box, docs/performance.md)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
     repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
     repick_swaps: int = 4                           # at most M swaps per layer per re-pick
     repick_window: int = 64                         # decode tokens whose routing elects the residents
     repick_margin: float = 0.25                     # a candidate must beat the incumbent by this much (hysteresis)
-    repick_overlap: bool = True                     # re-pick copies on a worker thread while decoding (patch 0011:
+    repick_overlap: bool = True                     # re-pick copies on a worker thread while decoding (patch 0005:
                                                     # one spare pack entry per layer when re-picking at load)
     repick_auto_every: int = 0                      # after set_repick_auto: decide again every N decode tokens from
                                                     # this session's routing (0: the load-time decision stands)

@@ -69,8 +69,6 @@ def _bind() -> object:
         L.llama_moeslots_cache_clear.argtypes = [ctypes.c_void_p]
         L.llama_moeslots_cache_bytes.restype = ctypes.c_uint64
         L.llama_moeslots_cache_bytes.argtypes = [ctypes.c_void_p]
-        L.llama_moeslots_cache_max_tokens.restype = ctypes.c_int32
-        L.llama_moeslots_cache_max_tokens.argtypes = []
         i32, ptr = ctypes.c_int32, ctypes.c_void_p
         for name, restype, argtypes in (
                 ("llama_moeslots_cache_swap", ctypes.c_int64, [ptr, i32, i32, i32]),
@@ -183,13 +181,8 @@ def pack_bytes(model_ptr: int) -> int:
     return int(_bind().llama_moeslots_cache_bytes(model_ptr))
 
 
-def max_tokens() -> int:
-    """Batches of at least this many tokens take the stock path."""
-    return int(_bind().llama_moeslots_cache_max_tokens())
-
-
 def set_async(on: bool) -> None:
-    """Overlap the host chain with the GPU chain (patch 0008; process-wide, default off since patch 0014).
+    """Overlap the host chain with the GPU chain (patch 0002; process-wide, default off).
     Contexts rebuild their graphs at their next decode."""
     _bind().llama_moeslots_async_set(bool(on))
 
@@ -199,7 +192,7 @@ def async_enabled() -> bool:
 
 
 class Stager:
-    """Re-pick copies that overlap decoding (patch 0011; packs configured with spare=True): `begin` takes a
+    """Re-pick copies that overlap decoding (patch 0005; packs configured with spare=True): `begin` takes a
     re-pick's swaps; one copy per layer at a time is staged on a worker thread; `poll`, called between decodes,
     commits the finished ones and starts the next, so a re-pick's swaps come in over the next tokens."""
 

@@ -203,7 +203,7 @@ class Model:
             if native.hasattr_symbol(self._L._lib, "llama_moeslots_cache_clear"):
                 from . import cache
 
-                cache.clear(self.ptr)   # the pack is keyed by this model's tensors: never outlive it
+                cache.clear(self.ptr)   # (llama_model_free frees it too; clearing first keeps the order explicit)
             self._L.llama_model_free(self.ptr)
             self.ptr = None
 

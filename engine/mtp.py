@@ -50,13 +50,15 @@ def _ext():  # noqa: ANN202
     return ext
 
 
+MAX_DRAFT = 7   # a verify batch of up to 8 tokens (every batch size takes the expert cache: engine v2)
+
+
 class MTP:
     def __init__(self, model: Model, target: Context, n_draft: int = 1, threads: int | None = None):
         if not model.mtp_loaded:
             raise EngineError("MTP needs the model loaded with its NextN block (load_mtp)")
-        if not 1 <= n_draft <= 3:
-            raise EngineError("draft length must be 1..3 (a verify batch of draft + 1 tokens stays on the expert "
-                              "cache's small-batch path, at most 4 tokens)")
+        if not 1 <= n_draft <= MAX_DRAFT:
+            raise EngineError(f"draft length must be 1..{MAX_DRAFT}")
         L = native.llama()
         self.L, self.model, self.target, self.n_draft = L, model, target, n_draft
         cp = L.llama_context_default_params()

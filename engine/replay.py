@@ -27,7 +27,7 @@ class ReplayTable:
 
     def per_layer(self, layers: "list[int]") -> np.ndarray:
         """ids [n_rows, len(layers), k] as the engine replays them: model layer il takes column il % n_columns
-        (patch 0010's mapping, so a trace of fewer layers covers a deeper model)."""
+        (patch 0004's mapping, so a trace of fewer layers covers a deeper model)."""
         return self.ids[:, [il % self.ids.shape[1] for il in layers]]
 
 

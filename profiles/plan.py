@@ -24,8 +24,8 @@ def plan_from_counts(counts: np.ndarray, slots: int, layers: list[int] | None = 
 
 
 def pack_bytes(slots: int, n_layers: int, slab_bytes: int) -> int:
-    """Bytes of the hot packs: S slots + the zero slot per layer."""
-    return n_layers * (slots + 1) * slab_bytes if slots > 0 else 0
+    """Bytes of the hot packs: S slots per layer (no zero slot: a negative id selects no expert)."""
+    return n_layers * slots * slab_bytes if slots > 0 else 0
 
 
 def auto_slots(free_bytes: int, n_layers: int, slab_bytes: int, n_expert: int,
@@ -34,7 +34,7 @@ def auto_slots(free_bytes: int, n_layers: int, slab_bytes: int, n_expert: int,
     budget = free_bytes - margin_bytes
     if budget <= 0 or slab_bytes <= 0 or n_layers <= 0:
         return 0
-    s = budget // (n_layers * slab_bytes) - 1
+    s = budget // (n_layers * slab_bytes)
     return int(max(0, min(n_expert, s)))
 
 

@@ -1,5 +1,6 @@
-"""Shared by the exactness tests of every architecture: a fixed script of prompt and small decode batches whose
-logits must be bit-identical to stock llama.cpp at any number of slots (hot packs in host memory on the CPU)."""
+"""Shared by the exactness tests of every architecture: a fixed script of a 512-token prompt and decode batches of
+1..64 tokens whose logits must be bit-identical to stock llama.cpp at 0, 1, k, E/2 and E slots (hot packs in host
+memory on the CPU). Every batch size takes the two chains (no zero slot: a negative id selects no expert)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from moeslots.engine import synth
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
 
-PROMPT_LEN = 70                       # >= 32: the stock path (op-offload threshold)
-CHUNKS = [1, 2, 3, 4, 5, 6, 7, 8, 1, 1]
+PROMPT_LEN = 512                      # one ubatch of 512 rows through both chains
+CHUNKS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 1]   # around the kernels' batch thresholds (4/5, 8/9, 16/17, 32)
+N_CTX = 1024
 
 
 def _tokens(n_vocab: int, n: int, seed: int) -> list[int]:
@@ -21,7 +23,7 @@ def _tokens(n_vocab: int, n: int, seed: int) -> list[int]:
 
 
 def run_script(ctx: Context, seed: int = 0) -> list[np.ndarray]:
-    """Prompt (all rows output), then decode batches of 1..8 tokens; every row's logits, in order."""
+    """Prompt (all rows output), then decode batches of 1..64 tokens; every row's logits, in order."""
     n_vocab = ctx.model.n_vocab
     out: list[np.ndarray] = []
     ctx.reset()
@@ -53,7 +55,7 @@ def exactness(path: Path, *, load_mtp: bool = False) -> None:
     with Model(path, LoadOptions(experts_on_host=True, load_mtp=load_mtp, extra_bufts=False)) as m:
         facts = m.facts
         layers = facts.moe_layers if load_mtp else [il for il in facts.moe_layers if il < facts.n_layer]
-        with Context(m, n_ctx=256, threads=2) as ctx:
+        with Context(m, n_ctx=N_CTX, n_batch=PROMPT_LEN, threads=2) as ctx:
             stock = run_script(ctx)
             for n in _slot_counts(facts.n_expert, facts.n_expert_used):
                 line = m.set_slots(SlotPlan.uniform(layers, n, facts.n_expert, offset=n // 3), pack_host=True)

@@ -24,7 +24,7 @@ def test_doctor_reports_patched() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     rows = dict((line[:16].strip(), line[17:]) for line in r.stdout.splitlines() if line.strip())
     assert list(rows)[0] == "engine" and rows["engine"].startswith("llama-cpp-python 0.3.36 at ")
-    assert rows["patched"] == f"yes (moeslots 1 (patches {patchset.patches_hash(patchset.patch_files())}))"
+    assert rows["patched"] == f"yes (moeslots 2 (patches {patchset.patches_hash(patchset.patch_files())}))"
     assert rows["cpu threads"] == str(len(os.sched_getaffinity(0)))
     assert rows["gpu"].startswith("none") and "CPU" in rows["backends"]
     assert rows["calibration"] == "none for this machine (moeslots doctor --calibrate MODEL)"

@@ -334,8 +334,11 @@ int main(int argc, char ** argv) {
                         }
                         const double nmse  = norm  > 0 ? err/norm   : 0.0;
                         const double dnmse = dnorm > 0 ? diff/dnorm : 0.0;
-                        const bool ref_ok = nmse <= max_nmse(type);
-                        const bool rows_ok = is_cpu ? same_ok : dnmse <= max_nmse(type);
+                        // the CPU's own bounds; other backends the one test-backend-ops uses for mul_mat (their F32
+                        // and F16 paths may round differently, e.g. through cuBLAS)
+                        const double bound = is_cpu ? max_nmse(type) : 5e-4;
+                        const bool ref_ok = nmse <= bound;
+                        const bool rows_ok = is_cpu ? same_ok : dnmse <= bound;
                         const bool ok = zeros_ok && ref_ok && rows_ok;
                         printf("%s %s nmse=%.2e%s%s%s\n", ok ? "ok  " : "FAIL", label, nmse,
                                 zeros_ok ? "" : " negative-id rows not zero", ref_ok ? "" : " (reference mismatch)",

@@ -1,4 +1,4 @@
-"""Patch 0008: the host chain reads copies of its inputs taken before the GPU chain is queued (overlap on a GPU).
+"""Patch 0002: the host chain reads copies of its inputs taken before the GPU chain is queued (overlap on a GPU).
 The math must not change: logits with the overlap on and off are bit-identical, also over 10,000 decode steps
 with the switch flipped every 97 steps; switching rebuilds graphs and keeps the chat; the engine starts no
 threads of its own for it."""
@@ -20,7 +20,7 @@ from test_cache import NodeNames
 @pytest.fixture(autouse=True)
 def _restore() -> None:
     yield
-    cache.set_async(False)        # the default (patch 0014)
+    cache.set_async(False)        # the default (patch 0002)
 
 
 def _plan(m: Model, s: int) -> SlotPlan:
@@ -71,7 +71,7 @@ def test_ten_thousand_steps_switching(tiny_qwen: Path) -> None:
 
 
 def test_overlap_is_off_by_default() -> None:
-    """Patch 0014 and EngineConfig: the H200 numbers showed no gain (docs/performance.md), so it is opt-in."""
+    """Patch 0002 and EngineConfig: the H200 numbers showed no gain (docs/performance.md), so it is opt-in."""
     import subprocess
     import sys
 

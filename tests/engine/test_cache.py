@@ -59,23 +59,18 @@ def test_repacked_experts_are_refused_clearly(kq_models: dict[str, Path]) -> Non
             m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 2, m.facts.n_expert), pack_host=True)
 
 
-def test_small_batches_take_the_cache_path_and_prompts_the_stock_path(tiny_qwen: Path) -> None:
+def test_every_batch_size_takes_the_two_chains(tiny_qwen: Path) -> None:
+    """No zero slot: prompts, verify batches and single tokens all read resident experts from the pack and the
+    others from host memory, one add per layer (before, batches of 5 or more tokens took the stock path)."""
     with Model(tiny_qwen) as m:
         m.set_slots(SlotPlan.uniform(m.facts.moe_layers, 4, m.facts.n_expert), pack_host=True)
-        names = NodeNames(r"^ffn_moe_(down_sum|ids_slots|ids_host|topk)-\d+$")
-        with Context(m, n_ctx=256, threads=2, cb_eval=names.callback) as ctx:
-            ctx.decode(_tokens(m.n_vocab, 40, 3))            # prompt >= 32 tokens: stock path ...
-            last = m.facts.n_layer - 1                       # ... except the last layer, which only sees the
-            assert "ffn_moe_topk-0" in names.seen            # output row (inp_out_ids): 1 token, cache path
-            assert {s for s in names.seen if "down_sum" in s} == {f"ffn_moe_down_sum-{last}"}
-            names.seen.clear()
-            ctx.decode(_tokens(m.n_vocab, 3, 4))             # small batch: both chains + one add per layer
-            assert {f"ffn_moe_down_sum-{il}" for il in m.facts.moe_layers} <= names.seen
-            assert {f"ffn_moe_ids_host-{il}" for il in m.facts.moe_layers} <= names.seen
-            names.seen.clear()
-            ctx.decode(_tokens(m.n_vocab, 5, 5))             # 5 tokens: stock path (CUDA's batched kernels need
-            assert {s for s in names.seen if "down_sum" in s} == {f"ffn_moe_down_sum-{last}"}   # distinct ids)
-    assert cache.max_tokens() == 5               # at most 4 tokens take the two chains (patch README)
+        names = NodeNames(r"^ffn_moe_(down_sum|ids_slots|ids_host)-\d+$")
+        with Context(m, n_ctx=512, threads=2, cb_eval=names.callback) as ctx:
+            for n, seed in ((40, 3), (3, 4), (5, 5), (64, 6), (1, 7)):
+                names.seen.clear()
+                ctx.decode(_tokens(m.n_vocab, n, seed))
+                for what in ("down_sum", "ids_slots", "ids_host"):
+                    assert {f"ffn_moe_{what}-{il}" for il in m.facts.moe_layers} <= names.seen, (n, what)
 
 
 def test_reconfigure_keeps_the_chat_exact(tiny_qwen: Path) -> None:
@@ -147,7 +142,7 @@ def test_no_gpu_means_no_slots_without_host_packs(tiny_qwen: Path) -> None:
 
 
 def test_fully_resident_layers_build_no_host_chain(tiny_qwen: Path) -> None:
-    """Patch 0012: with every expert of a layer in slots the host chain would add zeros, so it is not built (no
+    """Patch 0002: with every expert of a layer in slots the host chain would add zeros, so it is not built (no
     host round trip for that layer); a layer with fewer slots keeps both chains; logits stay bit-identical."""
     toks = _tokens(200, 8, 11)
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:

@@ -91,7 +91,7 @@ def test_fit_verdicts(layout: dict) -> None:
     # a GPU that holds the rest and some experts: experts on host, N slots (N from the same rule as --slots auto)
     from moeslots.profiles.plan import auto_slots
 
-    vram = m.gpu_bytes + discovery.VRAM_MARGIN + 3 * m.moe_layers * m.slab_bytes + 7
+    vram = m.gpu_bytes + discovery.VRAM_MARGIN + 2 * m.moe_layers * m.slab_bytes + 7   # 2 slots (no zero slot)
     f = discovery.fit(m, vram, 64 * GiB)
     assert (f.kind, f.slots) == ("slots", 2) == ("slots", auto_slots(vram - m.gpu_bytes, 2, m.slab_bytes, 8))
     assert "2 of 8 slots per layer" in f.line

@@ -1,6 +1,7 @@
 """Native objects left open at interpreter exit are closed by engine.model's atexit hook, in dependency order, while
 the interpreter is whole (on the H200 box, a model with slots left to shutdown garbage collection segfaulted at
-exit: its expert cache was freed by a C++ static destructor after the CUDA runtime; patch 0013 is the other half).
+exit: its expert cache was freed by a C++ static destructor after the CUDA runtime; the other half: patch 0002 never
+destroys the cache registry).
 Each case runs in its own process; a probe registered before moeslots is imported runs after its hook (atexit is
 last in, first out) and reports what is still open."""
 

@@ -31,7 +31,7 @@ def plain_greedy(ctx: Context, prompt: list[int], n: int, is_eog) -> list[int]: 
     return out
 
 
-@pytest.mark.parametrize("n_draft", [1, 3])
+@pytest.mark.parametrize("n_draft", [1, 3, 7])     # 7: a verify batch of 8 through the cache (engine v2)
 @pytest.mark.parametrize("slots", [0, 6])
 def test_mtp_greedy_equals_plain_greedy(tiny_glm: Path, n_draft: int, slots: int) -> None:
     with Model(tiny_glm, LoadOptions(load_mtp=True, extra_bufts=False)) as m:

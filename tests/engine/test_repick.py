@@ -159,7 +159,7 @@ def test_repick_auto_from_the_profile(tiny_glm: Path, prof: Path, tmp_path: Path
 
 
 def test_stage_on_a_thread_commit_between_decodes(tiny_qwen: Path) -> None:
-    """Patch 0011: an expert is copied into the spare entry on a worker thread while the context decodes, then
+    """Patch 0005: an expert is copied into the spare entry on a worker thread while the context decodes, then
     committed between two decodes; every logit equals the stock run's, the moved expert answers `swap` as already
     placed, and misuse is refused."""
     import threading
@@ -217,7 +217,7 @@ def test_close_and_reconfigure_with_copies_in_flight(tiny_glm: Path) -> None:
 
 
 def test_swaps_and_commits_keep_the_graph_and_the_stats_follow_them(tiny_qwen: Path) -> None:
-    """Patch 0015: graphs read both maps when they run, so a swap or a commit between decodes reuses the graph (no
+    """Patch 0002: graphs read both maps when they run, so a swap or a commit between decodes reuses the graph (no
     rebuild per re-pick), and the stats count each decode's hits against the residents of that moment."""
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=128, threads=2) as ctx:
         f, L = m.facts, m._L

@@ -4,11 +4,13 @@ rows in order; stats never change the logits."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from moeslots.engine import stats as stats_mod
+from moeslots.engine import native, stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.trace import RouterTracer
@@ -21,10 +23,13 @@ def _run(m: Model, ctx: Context, prompt: list[int], steps: list[int]) -> None:
         ctx.decode([t])
 
 
-def test_counts_match_the_traced_router(tiny_glm: Path) -> None:
+@pytest.mark.parametrize("full", [False, True])
+def test_counts_match_the_traced_router(tiny_glm: Path, full: bool) -> None:
+    """full: every expert resident, so the ids are counted from the pack's device after the graph ran, not by the
+    op in the host chain's split (there is no host chain)."""
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
         f = m.facts
-        plan = SlotPlan.uniform(f.moe_layers[:-1], 5, f.n_expert, offset=2)   # trunk MoE layers
+        plan = SlotPlan.uniform(f.moe_layers[:-1], f.n_expert if full else 5, f.n_expert, offset=2)   # trunk layers
         m.set_slots(plan, pack_host=True)
         tracer = RouterTracer()
         rng = np.random.default_rng(0)
@@ -49,7 +54,7 @@ def test_counts_match_the_traced_router(tiny_glm: Path) -> None:
             assert int(st.misses[il]) == int((~resident).sum())
             assert int(st.hits[il] + st.misses[il]) == int(st.picks_decode[il].sum())
         assert st.picks_prompt[0].sum() == 0 and st.picks_decode[0].sum() == 0      # dense layer
-        assert 0 < st.hit_rate < 1
+        assert st.hit_rate == 1.0 if full else 0 < st.hit_rate < 1
         # ring: the last 64 rows are the last decode steps, layer by layer, with their positions
         assert st.ring.shape == (64, 2 + f.n_expert_used)
         last = st.ring[-len(trunk):]
@@ -89,3 +94,32 @@ def test_stats_do_not_change_logits(tiny_qwen: Path) -> None:
                 rows.append(ctx.logits().copy())
             out.append(np.stack(rows))
     assert np.array_equal(out[0], out[1])
+
+
+def test_fully_resident_layers_keep_their_ids_on_the_device(tiny_qwen: Path) -> None:
+    """With stats on, a fully resident layer copies its ids into a buffer beside the pack (a node named
+    moe_stats_ids-<layer>) and runs no stats op; a partly resident layer runs the op. Counts are those of the
+    router either way."""
+    seen: set[str] = set()
+
+    def cb(tp: int, ask: bool, _ud: object) -> bool:
+        name = ctypes.string_at(tp + native.TENSOR_NAME_OFFSET).decode()
+        if ask:
+            return name.startswith("moe_stats_ids-")
+        seen.add(name.split(" ")[0])
+        return True
+
+    callback = native.llama().ggml_backend_sched_eval_callback(cb)
+    with Model(tiny_qwen) as m:
+        f = m.facts
+        full, part = f.moe_layers[0], f.moe_layers[1]
+        m.set_slots(SlotPlan({full: tuple(range(f.n_expert)), part: (0, 1, 2)}), pack_host=True)
+        with Context(m, n_ctx=128, threads=2, cb_eval=callback) as ctx:
+            ctx.enable_stats(ring_rows=16)
+            ctx.decode([5, 6, 7, 8], all_logits=True, prompt=True)   # (all rows: the last layer routes them all)
+            ctx.decode([9])
+            st = ctx.read_stats()
+    assert seen == {f"moe_stats_ids-{full}"}
+    assert st.picks_prompt[full].sum() == 4 * f.n_expert_used == st.picks_prompt[part].sum()
+    assert st.hits[full] == f.n_expert_used and st.misses[full] == 0
+    assert st.hits[part] + st.misses[part] == f.n_expert_used
