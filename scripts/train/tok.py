@@ -13,10 +13,11 @@ from corpus import read_docs
 
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>"]
 EOS = 0
-# One message per turn; an assistant turn ends with <|endoftext|>, the model's end-of-generation token.
+# One message per turn; an assistant turn ends with <|endoftext|>, the model's end-of-generation token. The newline
+# after each turn is an expression: chat renderers (transformers, llama.cpp) trim the newline after a block tag.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
-    "{% if m['role'] == 'assistant' %}<|endoftext|>{% endif %}\n{% endfor %}"
+    "{% if m['role'] == 'assistant' %}<|endoftext|>{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 

@@ -102,12 +102,19 @@ def _storm(session: str, rng: random.Random, n: int = 12) -> None:
                                   # Enter was refused would add to the refused question)
 
 
-def _wait_idle(session: str, timeout: float = 60) -> None:
+def _wait_idle(session: str, timeout: float = 60, quiet: float = 0.6) -> None:
+    """Idle for `quiet` seconds on end: a key just sent (an Enter that resends the question given back) may not
+    have reached the screen at the first look."""
     t0 = time.monotonic()
+    since: float | None = None
     while time.monotonic() - t0 < timeout:
         pane = _pane(session)
         if "answering…" not in pane and "stopping…" not in pane:
-            return
+            since = since or time.monotonic()
+            if time.monotonic() - since >= quiet:
+                return
+        else:
+            since = None
         time.sleep(0.1)
     raise AssertionError(f"the reply never settled; pane:\n{_pane(session)}")
 
