@@ -76,7 +76,8 @@ def _bind() -> object:
                 ("llama_moeslots_cache_commit", i32, [ptr, i32, i32]),
                 ("llama_moeslots_async_set", None, [ctypes.c_bool]),
                 ("llama_moeslots_async_get", ctypes.c_bool, []),
-                ("llama_moeslots_graph_splits", i32, [ptr])):
+                ("llama_moeslots_graph_splits", i32, [ptr]),
+                ("llama_moeslots_cache_n_contexts", i32, [ptr])):
             getattr(L, name).restype = restype
             getattr(L, name).argtypes = argtypes
     return L
@@ -171,6 +172,11 @@ def commit(model_ptr: int, layer: int, slot: int) -> None:
 def graph_splits(ctx_ptr: int) -> int:
     """Backend runs (splits) of the context's last computed graph; each boundary is a synchronisation."""
     return int(_bind().llama_moeslots_graph_splits(ctx_ptr))
+
+
+def n_contexts(model_ptr: int) -> int:
+    """Contexts that ran a graph with the model's cache: swaps, commits and clears synchronise each first."""
+    return int(_bind().llama_moeslots_cache_n_contexts(model_ptr))
 
 
 def clear(model_ptr: int) -> None:

@@ -61,6 +61,29 @@ def test_swaps_after_a_context_was_freed(tiny_glm: Path) -> None:
             assert_identical(stock, _script(ctx), "after a swap with a live context")
 
 
+def test_a_context_that_failed_to_start_is_not_synchronised(tiny_glm: Path) -> None:
+    """A context's constructor builds graphs (the scheduler's reserve) and may throw after that (a quantized V
+    cache without flash attention; out of memory for compute buffers): no destructor runs, so a context must not
+    join the set swaps synchronise until it runs a graph — before, the failed context stayed in it and the next
+    swap synchronised freed memory. Only contexts that decoded are in the set, and they leave it when freed."""
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
+        m.set_slots(SlotPlan.uniform(_trunk(m), 4, m.facts.n_expert), pack_host=True)
+        cp = m._L.llama_context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch = 128, 2, 2
+        cp.flash_attn_type = 0                                 # disabled
+        cp.type_v = 8                                          # GGML_TYPE_Q8_0: refused after the reserve
+        assert not m._L.llama_init_from_model(m.ptr, cp)
+        assert cache.n_contexts(m.ptr) == 0
+        il = _trunk(m)[0]
+        assert cache.swap(m.ptr, il, 0, 7) > 0
+        with Context(m, n_ctx=128, threads=2) as ctx:
+            assert cache.n_contexts(m.ptr) == 0                # built its reserve graphs, ran none yet
+            _script(ctx)
+            assert cache.n_contexts(m.ptr) == 1
+            assert cache.swap(m.ptr, il, 1, 9) > 0
+        assert cache.n_contexts(m.ptr) == 0
+
+
 def test_stage_races_configure_and_clear(tiny_glm: Path) -> None:
     """Stages on a worker thread while the main thread reconfigures and clears the cache: a stage holds its layer's
     pack until its copy ends (before, it wrote into a pack the reconfigure had freed), so nothing corrupts the heap
