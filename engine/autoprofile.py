@@ -222,7 +222,7 @@ def _slot_count(eng: "Engine", slots: int | str) -> int:
         return 0
     if slots == "auto" and not eng.cfg.pack_host and not native.gpus():
         return 0
-    return slot_count(eng.model, slots, pack_host=eng.cfg.pack_host)
+    return slot_count(eng.model, slots, pack_host=eng.cfg.pack_host, spare=eng.residency.may_move())
 
 
 def attach(eng: "Engine") -> "AutoProfile | None":

@@ -146,7 +146,7 @@ class Engine:
             raise EngineError(f"--slots {p} needs a profile to choose the experts: record one with "
                               "`moeslots record MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
         return plan_from_profile(self.model, Path(self.cfg.profile), p, pack_host=self.cfg.pack_host,
-                                 notices=self.notices)
+                                 notices=self.notices, spare=self.residency.may_move())
 
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""

@@ -49,6 +49,12 @@ class Residency:
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
+    def may_move(self) -> bool:
+        """Whether slots may move under this configuration (re-pick copies or a tier, which need a spare slab per
+        layer): `--slots auto` leaves room for it."""
+        cfg = self.eng.cfg
+        return (cfg.repick_overlap and cfg.repick_every > 0) or cfg.policy != "static"
+
     def wants_spare(self, plan: SlotPlan) -> bool:
         """Before a plan is configured (Engine._apply_plan): decide the policy for it (`auto`: simulated on the
         profile under this machine's costs) and say whether the packs need a spare entry (overlapped copies)."""

@@ -29,17 +29,19 @@ def trunk_layers(model: Model) -> list[int]:
 
 
 def plan_from_profile(model: Model, profile: Path, slots: Union[int, str], *, pack_host: bool = False,
-                      notices: list[str] | None = None) -> SlotPlan:
+                      notices: list[str] | None = None, spare: bool = False) -> SlotPlan:
     """Per trunk MoE layer the top-`slots` decode experts of the profile; "auto": the most slots whose packs fit the
     GPU's free memory minus 1 GiB. A profile of another model is refused naming both shapes; one without decode rows
     says so in `notices` (engine.profilecheck)."""
     counts = from_trace(read_for(model, profile, notices), model.n_layer_all, model.facts.n_expert).counts
-    return SlotPlan(plan_from_counts(counts, slot_count(model, slots, pack_host=pack_host), trunk_layers(model)))
+    n = slot_count(model, slots, pack_host=pack_host, spare=spare)
+    return SlotPlan(plan_from_counts(counts, n, trunk_layers(model)))
 
 
-def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False) -> int:
-    """Slots per layer for a plan: a number (checked), or "auto": the most whose packs fit the GPU's free memory
-    minus 1 GiB (half the experts with packs in host memory)."""
+def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False, spare: bool = False) -> int:
+    """Slots per layer for a plan: a number (checked), or "auto": the most whose packs (with a spare slab per layer
+    when `spare`: slots that move) fit the GPU's free memory minus 1 GiB (half the experts with packs in host
+    memory)."""
     f = model.facts
     if slots == "auto":
         if pack_host:
@@ -47,7 +49,8 @@ def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False)
         gpus = native.gpus()
         if not gpus:
             raise EngineError("--slots auto: no GPU, so no slots (experts run on the CPU)")
-        return auto_slots(max(g.free for g in gpus), len(trunk_layers(model)), f.slab_bytes, f.n_expert)
+        return auto_slots(max(g.free for g in gpus), len(trunk_layers(model)), f.slab_bytes, f.n_expert,
+                          spare=spare)
     try:
         n = int(slots)
     except ValueError:

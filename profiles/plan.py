@@ -29,12 +29,13 @@ def pack_bytes(slots: int, n_layers: int, slab_bytes: int) -> int:
 
 
 def auto_slots(free_bytes: int, n_layers: int, slab_bytes: int, n_expert: int,
-               margin_bytes: int = 1 << 30) -> int:
-    """The largest S with pack_bytes(S) <= free - margin (0 when not even one slot fits)."""
+               margin_bytes: int = 1 << 30, spare: bool = False) -> int:
+    """The largest S with pack_bytes(S) <= free - margin (0 when not even one slot fits); `spare`: each layer's
+    pack holds one more slab (overlapped re-pick or tier copies land there), counted too."""
     budget = free_bytes - margin_bytes
     if budget <= 0 or slab_bytes <= 0 or n_layers <= 0:
         return 0
-    s = budget // (n_layers * slab_bytes)
+    s = budget // (n_layers * slab_bytes) - int(spare)
     return int(max(0, min(n_expert, s)))
 
 

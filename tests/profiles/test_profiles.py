@@ -95,6 +95,9 @@ def test_plan_counts_decode_rows_only_ties_to_lower_ids_and_spreads_empty_layers
     assert plan_mod.auto_slots(free_bytes=10 << 30, n_layers=48, slab_bytes=3_060_000, n_expert=128,
                                margin_bytes=1 << 30) == 65     # 9 GiB / 48 x 3.06 MB: no zero slot
     assert plan_mod.auto_slots(1 << 29, 48, 3_060_000, 128) == 0
+    # slots that move (re-pick copies, a dynamic tier) take a spare slab per layer: room for it is kept
+    assert plan_mod.auto_slots(10 << 30, 48, 3_060_000, 128, margin_bytes=1 << 30, spare=True) == 64
+    assert plan_mod.auto_slots(48 * 3_060_000 + (1 << 30), 48, 3_060_000, 128, spare=True) == 0
 
 
 def test_a_prompt_row_on_a_layer_no_decode_row_routes() -> None:
