@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import time
+import functools
 from pathlib import Path
 
-import pytest
-
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from pilot import wait_until
 
 from moeslots.engine.api import Snapshot
 from moeslots.tui.app import MoeslotsApp, Prompt
@@ -17,16 +16,7 @@ from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.sqlite")
-
-
-async def _wait(pilot, cond, timeout: float = 5.0) -> None:  # noqa: ANN001
-    t0 = time.monotonic()
-    while not cond():
-        await pilot.pause(0.05)
-        assert time.monotonic() - t0 < timeout, "timed out"
+_wait = functools.partial(wait_until, timeout=5.0, step=0.05)
 
 
 async def test_send_streams_and_persists(store: Store) -> None:

@@ -5,11 +5,11 @@ Each test failed on the code before issue 22 (run against it: see the commit mes
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from pilot import wait_until
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownBlock, MarkdownBlockQuote, MarkdownFence
 
@@ -17,16 +17,7 @@ from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.sqlite")
-
-
-async def _wait(pilot, cond, timeout: float = 8.0) -> None:  # noqa: ANN001
-    t0 = time.monotonic()
-    while not cond():
-        await pilot.pause(0.03)
-        assert time.monotonic() - t0 < timeout, "timed out"
+_wait = wait_until
 
 
 async def _ask(app: MoeslotsApp, pilot, text: str) -> None:  # noqa: ANN001

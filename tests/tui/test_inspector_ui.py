@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
-from pathlib import Path
 
 import pytest
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from pilot import wait_until
 
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.sqlite")
-
-
-async def _wait(pilot, cond, timeout: float = 8.0) -> None:  # noqa: ANN001
-    t0 = time.monotonic()
-    while not cond():
-        await pilot.pause(0.03)
-        assert time.monotonic() - t0 < timeout, "timed out"
+_wait = wait_until
 
 
 def _text(app: MoeslotsApp, wid: str) -> str:

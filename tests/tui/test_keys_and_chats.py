@@ -6,11 +6,11 @@ store upgrades a schema-1 file in place. Each app test failed on the code before
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from pilot import wait_until
 from textual.widgets import Button, DataTable, Input
 
 from moeslots.engine.api import Sampling
@@ -19,16 +19,7 @@ from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.sqlite")
-
-
-async def _wait(pilot, cond, timeout: float = 8.0) -> None:  # noqa: ANN001
-    t0 = time.monotonic()
-    while not cond():
-        await pilot.pause(0.03)
-        assert time.monotonic() - t0 < timeout, "timed out"
+_wait = wait_until
 
 
 def _screen(app: MoeslotsApp) -> str:

@@ -4,13 +4,14 @@ fails to open."""
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from pilot import wait_until
 from textual.widgets import DataTable
 
 from moeslots.engine import hardware
@@ -43,11 +44,7 @@ def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
-async def _wait(pilot, cond, timeout: float = 10.0) -> None:  # noqa: ANN001
-    t0 = time.monotonic()
-    while not cond():
-        await pilot.pause(0.05)
-        assert time.monotonic() - t0 < timeout, "timed out"
+_wait = functools.partial(wait_until, timeout=10.0, step=0.05)
 
 
 def _app(store: Store, models: Path, opener) -> tuple[MoeslotsApp, ClosingEngine]:  # noqa: ANN001
