@@ -49,11 +49,14 @@ class Residency:
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
+    def _overlapped_repicks(self) -> bool:
+        cfg = self.eng.cfg
+        return cfg.repick_overlap and cfg.repick_every > 0
+
     def may_move(self) -> bool:
         """Whether slots may move under this configuration (re-pick copies or a tier, which need a spare slab per
         layer): `--slots auto` leaves room for it."""
-        cfg = self.eng.cfg
-        return (cfg.repick_overlap and cfg.repick_every > 0) or cfg.policy != "static"
+        return self._overlapped_repicks() or self.eng.cfg.policy != "static"
 
     def wants_spare(self, plan: SlotPlan) -> bool:
         """Before a plan is configured (Engine._apply_plan): decide the policy for it (`auto`: simulated on the
@@ -74,7 +77,7 @@ class Residency:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
             pol = policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
-        return (cfg.repick_overlap and cfg.repick_every > 0) or self.tier_d > 0
+        return self._overlapped_repicks() or self.tier_d > 0
 
     def _auto_policy(self, slots: int) -> tuple[str, int, str]:
         eng = self.eng
