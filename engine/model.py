@@ -272,7 +272,7 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 512, n_ubatch: int | None = None,
                  threads: int | None = None, cb_eval: Any = None, embeddings_all: bool = False,
-                 kv_f32: bool = False, rollback: int = 0):
+                 kv_f32: bool = False, rollback: int = 0, op_offload: bool = True):
         L = model._L
         self.model, self._L = model, L
         cp = L.llama_context_default_params()
@@ -281,6 +281,9 @@ class Context:
         cp.n_ubatch = n_ubatch or n_batch
         cp.n_threads = cp.n_threads_batch = threads or default_threads()
         cp.no_perf = True
+        # batches of >= 32 tokens: host-resident weights (the host chain's experts) streamed to the GPU by the
+        # scheduler (True, llama.cpp's default) or computed where they live, on the CPU (False)
+        cp.op_offload = op_offload
         # recurrent state snapshots for cutting back up to `rollback` positions after a decode (rejected MTP
         # drafts); only recurrent/hybrid models use them
         cp.n_rs_seq = rollback if model.recurrent else 0

@@ -60,13 +60,15 @@ class _Bench:
     """The model loaded with experts in host memory, the random input, and the 0-slot routing that plans S slots."""
 
     def __init__(self, model_path: Path, *, n_decode: int, prompt_len: int, threads: int | None, mmap: bool,
-                 pack_host: bool, seed: int, replay_from: str | None, n_greedy: int = 0, greedy_tokens: int = 0):
-        self.m = m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
+                 pack_host: bool, seed: int, replay_from: str | None, n_greedy: int = 0, greedy_tokens: int = 0,
+                 op_offload: bool = True, all_gpu: bool = False):
+        self.m = m = Model(model_path, LoadOptions(experts_on_host=not all_gpu, use_mmap=mmap,
+                                                   extra_bufts=not pack_host))
         f = m.facts
         self.moe = [il for il in f.moe_layers if il < f.n_layer]       # trunk layers (no MTP context here)
         self.pack_host, self.prompt_len, self.greedy_tokens = pack_host, prompt_len, greedy_tokens
         n_ctx = max(prompt_len + n_decode, 64 + greedy_tokens) + 16
-        self.ctx = ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads)
+        self.ctx = ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads, op_offload=op_offload)
         ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off by the caller if asked
         self.routing = "the model's router"
         if replay_from:
@@ -134,23 +136,26 @@ class _Bench:
 
 def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,
         threads: int | None = None, mmap: bool = True, pack_host: bool = False, seed: int = 0,
-        with_stats: bool = True, replay_from: str | None = None,
+        with_stats: bool = True, replay_from: str | None = None, op_offload: bool = True, all_gpu: bool = False,
         log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
-    """`bench decode`: at each slot count, prompt and decode speed, hit rate, uploads, splits and routing regime."""
+    """`bench decode`: at each slot count, prompt and decode speed, hit rate, uploads, splits and routing regime.
+    op_offload False: prompt batches compute the host chain on the CPU instead of streaming its experts to the GPU.
+    all_gpu: stock llama.cpp with every expert on the GPU (no host experts, no cache; slot_counts ignored): the
+    reference a fully resident cache is held to."""
     b = _Bench(model_path, n_decode=n_decode, prompt_len=prompt_len, threads=threads, mmap=mmap,
-               pack_host=pack_host, seed=seed, replay_from=replay_from)
+               pack_host=pack_host, seed=seed, replay_from=replay_from, op_offload=op_offload, all_gpu=all_gpu)
     m, f = b.m, b.m.facts
     info = {"model": str(model_path), "arch": f.arch, "n_layer": f.n_layer, "n_expert": f.n_expert,
             "k": f.n_expert_used, "mmap": mmap, "threads": threads, "n_decode": n_decode, "prompt_len": prompt_len,
-            "stats": with_stats, "routing": b.routing}
+            "stats": with_stats, "routing": b.routing, "op_offload": op_offload, "all_gpu": all_gpu}
     rows: list[BenchRow] = []
     try:
         profile = b.profile(log)
         if not with_stats:
             b.ctx.disable_stats()
-        for s in slot_counts:
+        for s in ([f.n_expert] if all_gpu else slot_counts):
             s = min(s, f.n_expert)
-            line = b.set_slots(profile, s)
+            line = "every expert on the GPU (stock, no cache)" if all_gpu else b.set_slots(profile, s)
             log(f"{s} slots: {line}")
             b.warm()
             pp, per, st, moved = b.timed()
@@ -211,11 +216,14 @@ def render_compare_row(r: CompareRow) -> str:
 
 
 def render(rows: list[BenchRow], info: dict) -> str:
+    prompt_path = "host experts streamed to the GPU" if info.get("op_offload", True) else "host experts on the CPU"
     head = (f"model {info['model']} ({info['arch']}, {info['n_layer']} layers, {info['n_expert']} experts, "
             f"k={info['k']}), {'mmap' if info['mmap'] else 'no mmap (pinned host)'}, threads {info['threads']}, "
-            f"prompt {info['prompt_len']}, decode {info['n_decode']} random tokens, stats {'on' if info['stats'] else 'off'}, "
-            f"routing: {info['routing']}; plan: per layer the top-S experts of a 0-slot pass over the same input "
-            f"(in-sample)")
+            f"prompt {info['prompt_len']} ({prompt_path}), decode {info['n_decode']} random tokens, "
+            f"stats {'on' if info['stats'] else 'off'}, "
+            + ("every expert on the GPU (stock llama.cpp, no cache), " if info.get("all_gpu") else "")
+            + f"routing: {info['routing']}; plan: per layer the top-S experts of a 0-slot pass over the same input "
+            "(in-sample)")
     return "\n".join([head, HEADER] + [render_row(r) for r in rows])
 
 

@@ -49,7 +49,8 @@ def cmd_decode(a: argparse.Namespace) -> int:
     slots = _engine_setup(a)
     rows, info = decode.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                             mmap=not a.no_mmap, pack_host=a.pack_host, with_stats=not a.no_stats,
-                            replay_from=a.replay, log=lambda m: print(m, file=sys.stderr))
+                            replay_from=a.replay, op_offload=not a.no_op_offload, all_gpu=a.all_gpu,
+                            log=lambda m: print(m, file=sys.stderr))
     print(decode.render(rows, info))
     if a.json:
         decode.save(rows, info, Path(a.json))
@@ -163,6 +164,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens (random, teacher-forced)")
     d.add_argument("--prompt-len", type=int, default=512)
     d.add_argument("--no-stats", action="store_true", help="native routing stats off (to measure their cost)")
+    d.add_argument("--no-op-offload", action="store_true",
+                   help="prompt batches compute the experts that are not in slots on the CPU instead of streaming "
+                        "them to the GPU (llama.cpp's op-offload, batches >= 32)")
+    d.add_argument("--all-gpu", action="store_true",
+                   help="every expert on the GPU, no cache (stock llama.cpp): the reference for full residency")
     _replay(d)
     d.set_defaults(func=cmd_decode)
 

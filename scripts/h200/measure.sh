@@ -14,8 +14,15 @@
 # live (live --repick auto, matched and mismatched profiles, 1,024 tokens), long (re-pick 100/500 over 1,024
 # tokens, pinned), overlap (re-pick copies overlapping decode, pageable and pinned), calib (this machine's costs).
 # Model: the 30B-A3B-shape glm4moe + NextN of common.sh ($G); routing replayed from the bundled model's traces.
-# $OUT: measure.txt (log), bench.tgz (every JSON written so far; repacked after each step), wheel.part-* and
-# wheel.name (the CUDA engine wheel when one was built: `cat wheel.part-* > .wheel/$(cat wheel.name)` reuses it).
+# Engine v2 (issue 18): op (scripts/h200/mmid-op.sh: MUL_MAT_ID with negative ids over CUDA), v2 (the 30B-A3B-shape
+# qwen3moe of the side-by-side table in shared/h200-box.md: prompt 512 at 50 % with host experts streamed or on the
+# CPU, mmap and pinned; full residency with stats on/off against every expert on the GPU; decode at 25/50/75 % under
+# uniform routing), v2mtp (MTP verify batches of 2-8 tokens through the cache).
+# Routing donor (issue 19): DONOR_MIN=M trains scripts/train/donor.sh's donor on CUDA for M minutes in the background
+# from the start (beside the engine build; DONOR_FROM=DIR: an earlier donor's corpus.tar.xz and tokenizer.json); step donor exports it, checks its GGUF routes as PyTorch does and records
+# its six traces (in bench.tgz: donor/); donorbench replays them on the 30B-A3B shape (static, re-pick, hybrid,
+# dynamic; pinned and mmap; 16 and 6 threads).
+# $OUT: measure.txt (log), bench.tgz (every JSON written so far; repacked after each step).
 set -u
 START=$(date +%s); BUDGET=${BUDGET:-3600}
 . "$(dirname "$0")/common.sh"
@@ -46,15 +53,25 @@ else
     echo "build rc $rc" >> $B/build.txt; [ $rc = 0 ] && touch /tmp/site/.moeslots-cuda ) &
   BUILD=$!
 fi
-S1=""; S2=""
+S1=""; S2=""; S3=""; DONOR=""
+if [ -n "${DONOR_MIN:-}" ] && [ ! -f /tmp/donor/weights.pt ]; then
+  echo "== $(date +%T) training the routing donor on CUDA for $DONOR_MIN minutes (background)"
+  # DONOR_FROM=DIR: DIR/corpus.tar.xz and DIR/tokenizer.json of an earlier donor (the same text, the same tokens)
+  if [ -n "${DONOR_FROM:-}" ] && [ ! -d /tmp/donor/corpus ]; then
+    mkdir -p /tmp/donor && tar xJf "$DONOR_FROM/corpus.tar.xz" -C /tmp/donor && cp "$DONOR_FROM/tokenizer.json" /tmp/donor/
+  fi
+  ( PY=python3 bash $R/scripts/train/donor.sh /tmp/donor "$DONOR_MIN" cuda train-only > $B/donor-train.txt 2>&1
+    echo "donor training rc $?" >> $B/donor-train.txt ) & DONOR=$!
+fi
+case " $STEPS " in *" v2 "*|*" donorbench "*|*" models "*)
+[ -f /tmp/big.gguf ] || { ( cd /tmp && time $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 && mv /tmp/big.part.gguf /tmp/big.gguf; echo "synth rc $?" >> $B/synth-big.txt ) & S3=$!; } ;;
+esac
 [ -f /tmp/mtp.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtp.part.gguf $G > $B/synth.txt 2>&1 && mv /tmp/mtp.part.gguf /tmp/mtp.gguf; echo "synth rc $?" >> $B/synth.txt ) & S1=$!; }
 case " $STEPS " in *" heads "*)
 [ -f /tmp/mtpc.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtpc.part.gguf $G --const-head > $B/synth-const.txt 2>&1 && mv /tmp/mtpc.part.gguf /tmp/mtpc.gguf; echo "synth rc $?" >> $B/synth-const.txt ) & S2=$!; } ;;
 esac
 [ -n "$BUILD" ] && { wait $BUILD; tail -4 $B/build.txt
-  # the built wheel goes to $OUT, for .wheel/ on a later run (no build)
-  W=$(ls -S ~/.cache/moeslots/wheels/*/*.whl 2>/dev/null | head -1); [ -n "$W" ] && ls -la "$W"
-  if [ -n "$W" ]; then split -b 15m "$W" "$OUT/wheel.part-"; basename "$W" > "$OUT/wheel.name"; fi; }
+    W=$(ls -S ~/.cache/moeslots/wheels/*/*.whl 2>/dev/null | head -1); [ -n "$W" ] && ls -la "$W"; }
 cd /tmp
 $M doctor | head -3
 echo 'What does `json.dumps` do?' > /tmp/q.txt
@@ -95,6 +112,41 @@ long)      # re-pick 500 fires twice in 1,024 tokens (profile rows 1,024 + 1,040
 overlap)
   run overlap-mmap 100 $M bench repick /tmp/mtp.gguf --every 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --json $B/repick-overlap-mmap.json
   run overlap-pinned 100 $M bench repick /tmp/mtp.gguf --every 0,1,16,100 --slots 32,64 --replay $P-code.csv -n 256 --threads 16 --overlap --no-mmap --json $B/repick-overlap-pinned.json ;;
+models)    # only waits for the synthetic models (written beside the build, for later steps)
+  [ -n "$S1" ] && { wait $S1; tail -1 $B/synth.txt; S1=""; }
+  [ -n "$S3" ] && { wait $S3; tail -1 $B/synth-big.txt; S3=""; } ;;
+op)
+  run mmid-op 300 bash -c "cd $R && MMID_OUT=$B/mmid bash scripts/h200/mmid-op.sh" ;;
+donor)
+  [ -n "$DONOR" ] && { wait $DONOR; DONOR=""; }; tail -4 $B/donor-train.txt
+  DW=/tmp/donor; TR=$R/scripts/train
+  run donor-export 120 python3 $TR/export.py $DW/weights.pt --tokenizer $DW/tokenizer.json -o $DW/donor-f32.gguf --name moeslots-donor-qwen3-30b-a3b
+  run donor-validate 120 python3 $TR/validate.py --weights $DW/weights.pt --tokenizer $DW/tokenizer.json --corpus $DW/corpus --f32 $DW/donor-f32.gguf --topology qwen3-30b-a3b --positions 128 --domains code,prose,chat --threads 16 --json $B/donor-validation.json
+  run donor-record 300 python3 $TR/record_donor.py $DW/donor-f32.gguf $DW/corpus $B/donor
+  cp $DW/train.log $B/donor-train.log 2>/dev/null ;;
+v2)
+  [ -n "$S3" ] && { wait $S3; tail -2 $B/synth-big.txt; S3=""; }
+  for mem in mmap pinned; do
+    NM=""; [ $mem = pinned ] && NM=--no-mmap
+    run v2-prompt-$mem 120 $M bench decode /tmp/big.gguf --slots 0,64 -n 32 --prompt-len 512 --threads 16 $NM --json $B/v2-prompt-$mem.json
+    run v2-prompt-$mem-cpu 90 $M bench decode /tmp/big.gguf --slots 64 -n 32 --prompt-len 512 --threads 16 $NM --no-op-offload --json $B/v2-prompt-$mem-cpu.json
+  done
+  run v2-full-stats 90 $M bench decode /tmp/big.gguf --slots 128 -n 128 --prompt-len 128 --threads 16 --json $B/v2-full-stats.json
+  run v2-full-nostats 90 $M bench decode /tmp/big.gguf --slots 128 -n 128 --prompt-len 128 --threads 16 --no-stats --json $B/v2-full-nostats.json
+  run v2-all-gpu 90 $M bench decode /tmp/big.gguf --all-gpu -n 128 --prompt-len 128 --threads 16 --no-stats --json $B/v2-all-gpu.json
+  run v2-decode-pinned 150 $M bench repick /tmp/big.gguf --every 0 --slots 32,64,96 --replay uniform -n 128 --threads 16 --no-mmap --json $B/v2-decode-pinned.json
+  run v2-decode-mmap 150 $M bench repick /tmp/big.gguf --every 0 --slots 32,64,96 --replay uniform -n 128 --threads 16 --json $B/v2-decode-mmap.json ;;
+v2mtp)     # drafts 4-7 make verify batches of 5-8 tokens: the cache serves them (no zero slot)
+  [ -n "$S1" ] && { wait $S1; S1=""; }
+  run v2-mtp 150 $M bench mtp /tmp/mtp.gguf --drafts 1,4,7 --slots 0,64 -n 64 --threads 16 --no-mmap --replay uniform --json $B/v2-mtp.json ;;
+donorbench)
+  [ -n "$S3" ] && { wait $S3; S3=""; }
+  D=$B/donor/moeslots-donor-qwen3-30b-a3b; [ -f $D-chat-sampled.npz ] || D=$R/profiles/data/moeslots-donor-qwen3-30b-a3b
+  for w in chat code; do
+    run donor-$w 150 $M bench repick /tmp/big.gguf --every 0,16 --policy static,hybrid,dynamic --slots 32,64 --replay $D-$w-sampled.npz --profile-from $D-$w-greedy.npz -n 256 --threads 16 --no-mmap --json $B/donor-$w-pinned.json
+  done
+  run donor-chat-mmap 150 $M bench repick /tmp/big.gguf --every 0,16 --policy static,hybrid,dynamic --slots 32,64 --replay $D-chat-sampled.npz,uniform --profile-from $D-chat-greedy.npz -n 256 --threads 16 --json $B/donor-chat-mmap.json
+  run donor-chat-t6 150 $M bench repick /tmp/big.gguf --every 0,16 --policy static,hybrid,dynamic --slots 32,64 --replay $D-chat-sampled.npz,uniform --profile-from $D-chat-greedy.npz -n 256 --threads 6 --no-mmap --json $B/donor-chat-t6.json ;;
 esac
 done
 echo "== $(date +%T) done ($(left) s left)"

@@ -14,12 +14,15 @@
 //     difference to a run with all ids valid and distinct is checked against the same NMSE bound.
 // Patterns: "valid" (no negative id: stock behaviour), "mixed" (random negatives, often several per row, and all-negative
 // rows), "none" (every id negative). b has one row per token (ne11 = 1: gate/up) or one per slot (ne11 = k: down).
+// --pack: the weights hold fewer experts than k (a layer's pack of S < k slots): each token's valid ids are distinct
+// slots of the pack at random positions, the rest negative; only pattern "pack", checked against the reference (no
+// spare experts to compare rows with).
 //
 // Build against an installed engine (see tests/engine/test_mmid_op.py and scripts/h200/mmid-op.sh):
 //   g++ -O2 -std=c++17 mmid_op.cpp -I<site-packages>/include -L<site-packages>/llama_cpp/lib -lggml -lggml-base \
 //       -lggml-cpu -Wl,-rpath,<site-packages>/llama_cpp/lib -o mmid_op
 // Run: mmid_op [--backend CPU|CUDA0|...] [--types f32,f16,...] [--batches 1,2,...] [--cols K] [--rows M]
-//              [--experts E] [--used k] [--threads N] [--repack] [--ref-rows N]
+//              [--experts E] [--used k] [--threads N] [--repack] [--pack] [--ref-rows N]
 // Prints one line per case and a summary; exit status 1 when a case fails.
 
 #include "ggml.h"
@@ -49,6 +52,7 @@ struct options {
     int64_t used    = 4;   // k
     int     threads = 2;
     bool    repack  = false;
+    bool    pack    = false; // E < k allowed: ids are a pack's distinct slots, the rest negative
     int64_t ref_rows = -1; // compare only the first ref_rows rows of each output row with the reference (-1: all)
 };
 
@@ -189,11 +193,12 @@ int main(int argc, char ** argv) {
         else if (a == "--used") { o.used = atoll(next().c_str()); }
         else if (a == "--threads") { o.threads = atoi(next().c_str()); }
         else if (a == "--repack") { o.repack = true; }
+        else if (a == "--pack") { o.pack = true; }
         else if (a == "--ref-rows") { o.ref_rows = atoll(next().c_str()); }
         else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
-    if (o.experts < 2*o.used) {
-        fprintf(stderr, "--experts must be at least twice --used (k spare experts)\n");
+    if (!o.pack && o.experts < 2*o.used) {
+        fprintf(stderr, "--experts must be at least twice --used (k spare experts), or --pack\n");
         return 2;
     }
     if (o.types.empty()) {
@@ -256,8 +261,13 @@ int main(int argc, char ** argv) {
         const std::vector<float>   r_gate = dequantize(type, q_gate, n_w);
 
         for (int n_tokens : o.batches) {
-            for (int64_t ne11 : { (int64_t) 1, o.used }) {
-                for (const char * pattern : { "valid", "mixed", "none" }) {
+            // b with one row per token, then one per slot (the same thing when k = 1)
+            const std::vector<int64_t> ne11s = o.used == 1 ? std::vector<int64_t>{ 1 } : std::vector<int64_t>{ 1, o.used };
+            for (int64_t ne11 : ne11s) {
+                for (const char * pattern : { "valid", "mixed", "none", "pack" }) {
+                    if ((std::string(pattern) == "pack") != o.pack) {
+                        continue;
+                    }
                     for (bool fused : { false, true }) {
                         if (fused && ne11 != 1) {
                             continue; // gate/up read one row per token
@@ -267,6 +277,22 @@ int main(int argc, char ** argv) {
                         // k distinct experts per token from [0, E-k) (the last k are spares), then the pattern's negatives
                         std::vector<int32_t> ids(o.used*n_tokens), ids_valid(o.used*n_tokens), ids_spare(o.used*n_tokens);
                         for (int t = 0; t < n_tokens; ++t) {
+                            if (o.pack) {
+                                // up to min(E, k) distinct slots of the pack, at random positions among the k
+                                std::vector<int32_t> slots(o.experts), pos(o.used);
+                                for (int64_t e = 0; e < o.experts; ++e) { slots[e] = (int32_t) e; }
+                                for (int64_t j = 0; j < o.used; ++j) { pos[j] = (int32_t) j; }
+                                std::shuffle(slots.begin(), slots.end(), rng);
+                                std::shuffle(pos.begin(), pos.end(), rng);
+                                const int64_t n_valid = (int64_t) (rng() % (std::min(o.experts, o.used) + 1));
+                                for (int64_t j = 0; j < o.used; ++j) {
+                                    ids[t*o.used + j] = -1;
+                                }
+                                for (int64_t j = 0; j < n_valid; ++j) {
+                                    ids[t*o.used + pos[j]] = slots[j];
+                                }
+                                continue;
+                            }
                             std::vector<int32_t> perm(o.experts - o.used);
                             for (int64_t e = 0; e + o.used < o.experts; ++e) { perm[e] = (int32_t) e; }
                             std::shuffle(perm.begin(), perm.end(), rng);
@@ -288,7 +314,7 @@ int main(int argc, char ** argv) {
                             n_skip++;
                             continue;
                         }
-                        const result rv = std::string(pattern) == "valid" ? r :
+                        const result rv = std::string(pattern) == "valid" || o.pack ? r :
                             run_op(backend, buft_w, type, o, n_tokens, ne11, fused, q_up, q_gate, b, is_cpu ? ids_spare : ids_valid);
 
                         // dst is [M, k, T]

@@ -58,3 +58,24 @@ def test_negative_ids_in_the_cpu_repack_kernel(op_test: Path) -> None:
     if "nothing to check" in out or "no CPU_REPACK" in out:
         pytest.skip(out.splitlines()[0])
     assert "weights in CPU_REPACK" in out and passed == 17 * 9
+
+
+@pytest.mark.parametrize("used, experts", [(1, 4), (3, 8), (12, 24)])
+def test_negative_ids_with_other_expert_counts(op_test: Path, used: int, experts: int) -> None:
+    # k other than 4 and 8: the generic id-sorting paths (CUDA's mm_ids_helper for any k; the CPU's row mapping)
+    types = "f32,q8_0,q4_K,mxfp4"
+    out, passed, skipped = _run(op_test, "--used", str(used), "--experts", str(experts), "--types", types,
+                                "--batches", "1,2,5,33,512", "--threads", "2")
+    assert skipped == 0
+    per_batch = 9 if used > 1 else 6   # ne11 = k is ne11 = 1 when k = 1
+    assert passed == 4 * 5 * per_batch
+    assert f"ok   q4_K  T=512 ne11={1 if used == 1 else used} mixed plain" in out
+
+
+@pytest.mark.parametrize("used, experts", [(4, 3), (8, 1), (8, 5)])
+def test_negative_ids_in_a_pack_smaller_than_k(op_test: Path, used: int, experts: int) -> None:
+    # a layer with S < k slots: each token's valid ids are distinct slots of the pack, the rest negative
+    out, passed, skipped = _run(op_test, "--pack", "--used", str(used), "--experts", str(experts),
+                                "--types", "f16,q4_K,q6_K", "--batches", "1,3,9,64", "--threads", "2")
+    assert skipped == 0 and passed == 3 * 4 * 3
+    assert "pack" in out and "FAIL" not in out
