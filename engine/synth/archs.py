@@ -28,7 +28,7 @@ def _experts(spec: SynthSpec, p: str) -> list[TensorPlan]:
         t += [TensorPlan(p + "ffn_gate_exps.weight", (E, F, X), "matrix", 1 / np.sqrt(E)),
               TensorPlan(p + "ffn_up_exps.weight", (E, F, X), "matrix", 1 / np.sqrt(E))]
     t.append(TensorPlan(p + "ffn_down_exps.weight", (F, E, X), "matrix", b / np.sqrt(F)))
-    if spec.arch in ("glm4moe", "deepseek2", "qwen35moe"):
+    if spec.arch in ("glm4moe", "deepseek2", "qwen35moe", "llama4"):
         S = spec.shexp if spec.arch == "qwen35moe" else F
         if spec.arch == "qwen35moe":
             t.append(TensorPlan(p + "ffn_gate_inp_shexp.weight", (E,), "matrix", 1 / np.sqrt(E)))
@@ -103,6 +103,8 @@ def tensor_plan(spec: SynthSpec) -> list[TensorPlan]:
             if spec.arch == "qwen3moe":
                 t += [_norm(p + "attn_q_norm.weight", hd), _norm(p + "attn_k_norm.weight", hd),
                       _norm(p + "ffn_norm.weight", E)]
+            elif spec.arch == "llama4":
+                t.append(_norm(p + "ffn_norm.weight", E))
             else:
                 t.append(_norm(p + "post_attention_norm.weight", E))
         t += _experts(spec, p) if i >= spec.n_dense_lead else _dense_ffn(spec, p)
@@ -152,6 +154,9 @@ def write_metadata(w, spec: SynthSpec, tok: Tokenizer, name: str) -> None:  # no
         w.add_expert_weights_scale(1.0)
     elif a == "qwen3moe":
         w.add_rope_dimension_count(spec.hd)
+    elif a == "llama4":
+        w.add_rope_dimension_count(spec.hd)
+        w.add_uint32(f"{a}.interleave_moe_layer_step", 1)    # every layer MoE; chunked attention as llama4 has it
     else:  # qwen35moe
         r = spec.rot // 2                                # rotary pairs, spread over three sections
         w.add_rope_dimension_count(spec.rot)

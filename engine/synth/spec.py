@@ -7,13 +7,15 @@
   sigmoid gate on every layer; optional NextN block (full attention + MoE).
 - deepseek2 (GLM-4.7-Flash): MLA attention (low-rank Q and KV, absorbed K/V up-projections), leading dense layer,
   shared experts, sigmoid gating with a selection bias (`exp_probs_b`), optional expert groups, optional NextN.
+- llama4: MoE with a shared expert on every layer, the router's weight applied to the experts' input (so the expert
+  cache refuses it: the test of that refusal uses this file); chunked attention on 3 layers of 4, as llama4 has.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-ARCHS = ("glm4moe", "qwen3moe", "qwen35moe", "deepseek2")
+ARCHS = ("glm4moe", "qwen3moe", "qwen35moe", "deepseek2", "llama4")
 NEXTN_ARCHS = ("glm4moe", "qwen35moe", "deepseek2")
 
 

@@ -235,3 +235,34 @@ def test_experts_with_biases_are_refused(models_dir: Path) -> None:
     w.close()
     with pytest.raises(ModelError, match=r"experts with biases \(blk\.0\.ffn_gate_exps\.bias, gpt-oss style\)"):
         Model(p, LoadOptions())
+
+
+def test_llama4_is_refused_by_the_cache_and_still_runs_without_slots(models_dir: Path) -> None:
+    """llama4 weights the experts' input by the router (before the FFN), which the two-chain split cannot keep exact:
+    configure refuses it with one clear line (not a silent skip), and the model keeps decoding with no slots."""
+    from moeslots.engine.cache import ERR_UNSUPPORTED, CacheError
+
+    # 4 layers: llama4's temperature-tuned layer is every 4th (fewer leave that graph input unused: stock asserts)
+    spec = synth.SynthSpec(arch="llama4", n_layer=4, n_embd=64, n_head=2, n_head_kv=1, n_expert=8, n_expert_used=2,
+                           n_ff_exp=64, nextn=False)
+    p = synth.write_model(spec, models_dir / "llama4.gguf").path
+    with Model(p, LoadOptions(experts_on_host=True, extra_bufts=False)) as m:
+        assert m.facts.arch == "llama4" and m.facts.moe_layers == [0, 1, 2, 3]
+        with Context(m, n_ctx=64, threads=2) as ctx:
+            ctx.decode(_tokens(m.n_vocab, 8, 3), prompt=True)
+            before = ctx.logits().copy()
+            with pytest.raises(CacheError, match=r"does not support llama4 models \(the router weights the experts' "
+                                                 r"input\)") as e:
+                m.set_slots(SlotPlan({0: (0, 1), 1: (2,)}), pack_host=True)
+            assert e.value.code == ERR_UNSUPPORTED
+            ctx.reset()
+            ctx.decode(_tokens(m.n_vocab, 8, 3), prompt=True)
+            assert np.array_equal(ctx.logits(), before)
+    e2 = Engine(EngineConfig(model=p, n_ctx=256, threads=2, pack_host=True, max_tokens=4))
+    try:
+        with pytest.raises(EngineError, match="does not support llama4"):
+            e2.set_slots(SlotPlan({0: (0, 1), 3: (5,)}))
+        done = [ev for ev in e2.chat([Message("user", "hi")]) if isinstance(ev, Done)][-1]
+        assert done.stats.tokens > 0
+    finally:
+        e2.close()
