@@ -11,6 +11,9 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   stats, so cpu_gbps = (CPU bytes/token at 0 - at S) / (t0 - tS) and base_ms = t0 - CPU bytes at 0 / cpu_gbps.
   Without a GPU (hot packs in host memory) both chains run on the CPU and t0 ~ tS: the rate is then the 0-slot
   routed bytes over the whole token time (a lower bound), and the result says so.
+- prompt batches (with a GPU): a 512-token prompt at S slots with the experts that are not in slots streamed to the
+  GPU (llama.cpp's op-offload, batches >= 32) and computed on the CPU, from pageable and from pinned memory; the
+  engine's contexts take the faster way (`prompt_path`).
 - Without a GPU there is no PCIe to measure: the upload rates stay 0, `unmeasured` says so, and the cost model
   takes the H200 box's (profiles.costs) for them; the host-to-host copy rate is kept for information only.
 
@@ -55,6 +58,19 @@ class Calibration:
     upload_pinned_single_gbps: float = 0.0
     host_copy_gbps: float = 0.0        # no GPU: the host-to-host pack copies (information, not PCIe)
     unmeasured: str = ""               # what this machine could not measure, and what the costs use instead
+    # a 512-token prompt at the calibration's S slots (tok/s; 0: not measured): the experts not in slots streamed to
+    # the GPU (op-offload) or computed on the CPU, the model mmap'ed (pageable) or in pinned memory
+    prompt_stream_tok_s: float = 0.0
+    prompt_cpu_tok_s: float = 0.0
+    prompt_stream_pinned_tok_s: float = 0.0
+    prompt_cpu_pinned_tok_s: float = 0.0
+
+    def prompt_offload(self, *, pinned: bool) -> bool | None:
+        """Whether prompt batches should stream the experts that are not in slots to the GPU (True) or compute them
+        on the CPU (False); None: not measured."""
+        g, c = ((self.prompt_stream_pinned_tok_s, self.prompt_cpu_pinned_tok_s) if pinned
+                else (self.prompt_stream_tok_s, self.prompt_cpu_tok_s))
+        return None if not (g and c) else g >= c
 
     def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False,
                    threads: int | None = None) -> CostModel:
@@ -76,6 +92,9 @@ class Calibration:
                 f"{f' at {self.threads} threads' if self.threads else ''}{f' (by threads {by})' if by else ''}; "
                 f"base {self.base_ms:.2f} ms/token ({self.method}; model {self.model}, slab {self.slab_mb:.2f} MB, "
                 f"{self.date})" + (f"; host copies {self.host_copy_gbps:.1f} GB/s" if self.host_copy_gbps else "")
+                + (f"; prompt 512 streamed/CPU: {self.prompt_stream_tok_s:.0f}/{self.prompt_cpu_tok_s:.0f} tok/s "
+                   f"pageable, {self.prompt_stream_pinned_tok_s:.0f}/{self.prompt_cpu_pinned_tok_s:.0f} pinned"
+                   if self.prompt_stream_tok_s else "")
                 + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
 
 
@@ -124,6 +143,46 @@ def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None) -> t
     up = (f"{kind} uploads at {cost.pcie_gbps:.1f} GB/s" + (" (the H200 box's: not measurable here)"
                                                              if cal.unmeasured else ""))
     return cost, f"costs calibrated on this machine {cal.date}, {up}"
+
+
+def prompt_path(*, pinned: bool) -> tuple[bool, str]:
+    """(op_offload for the engine's context, the line that says why): the way this machine's calibration measured
+    faster for prompt batches' experts that are not in slots; llama.cpp's default (streamed) when not measured."""
+    cal = load()
+    choice = cal.prompt_offload(pinned=pinned) if cal else None
+    if choice is None:
+        return True, ""
+    c = cal
+    assert c is not None
+    g, p = ((c.prompt_stream_pinned_tok_s, c.prompt_cpu_pinned_tok_s) if pinned else
+            (c.prompt_stream_tok_s, c.prompt_cpu_tok_s))
+    how = "streamed to the GPU" if choice else "computed on the CPU"
+    return choice, (f"prompts: experts not in slots {how} (calibrated: {g:.0f} tok/s streamed, {p:.0f} on the CPU, "
+                    f"{'pinned' if pinned else 'pageable'} memory)")
+
+
+def _prompt_rates(m: Model, moe: list[int], S: int, threads: int, log: Callable[[str], None],
+                  n_tokens: int = 512, pack_host: bool = False) -> tuple[float, float]:
+    """A prompt of n_tokens at S slots per layer, (streamed, on the CPU) tok/s: the second of two runs each.
+    pack_host: packs in host memory (no GPU: both ways compute on the CPU)."""
+    m.set_slots(SlotPlan({il: tuple(range(S)) for il in moe} if S else {}), pack_host=pack_host)
+    toks = [int(t) for t in np.random.default_rng(2).integers(0, m.n_vocab - 16, n_tokens)]
+    out = []
+    try:
+        for offload in (True, False):
+            with Context(m, n_ctx=n_tokens + 16, n_batch=n_tokens, threads=threads, op_offload=offload) as ctx:
+                dt = 0.0
+                for _ in range(2):
+                    ctx.reset()
+                    t0 = time.perf_counter()
+                    ctx.decode(toks, prompt=True)
+                    dt = time.perf_counter() - t0
+            out.append(n_tokens / dt if dt > 0 else 0.0)
+            log(f"prompt {n_tokens} at {S} slots, experts not in slots {'streamed' if offload else 'on the CPU'}: "
+                f"{out[-1]:.0f} tok/s")
+    finally:
+        m.set_slots(SlotPlan({}), pack_host=pack_host)
+    return out[0], out[1]
 
 
 def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> tuple[float, float]:
@@ -209,12 +268,15 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
         pageable, pageable_1 = _upload_gbps(m, moe, f.n_expert, pack_host, rounds=4)
         S = slots if slots is not None else f.n_expert // 2
         by = {t: _cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
+        pp = (0.0, 0.0) if pack_host else _prompt_rates(m, moe, S, top, log)
     cpu_gbps, base, method = by[top]
     pinned = pinned_1 = 0.0
+    pp_pinned = (0.0, 0.0)
     if not pack_host:
         log("uploads from pinned memory (model loaded without mmap)")
         with Model(model_path, LoadOptions(experts_on_host=True, use_mmap=False)) as m2:
             pinned, pinned_1 = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
+            pp_pinned = _prompt_rates(m2, moe, S, top, log)
     host = 0.0
     unmeasured = ""
     if pack_host:
@@ -228,4 +290,5 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        cpu_gbps=cpu_gbps, base_ms=base, method=method, threads=top,
                        cpu_threads=tuple(by), cpu_gbps_threads=tuple(round(v[0], 3) for v in by.values()),
                        upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
-                       host_copy_gbps=host, unmeasured=unmeasured)
+                       host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
+                       prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

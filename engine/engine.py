@@ -65,9 +65,11 @@ class Engine:
                                                   use_mmap=load.mmap,
                                                   load_mtp=cfg.mtp, mtp_head_on_gpu=cfg.mtp_head_on_gpu))
         self.mtp: MTP | None = None
+        offload, why = calibrate.prompt_path(pinned=not load.mmap)      # prompts: misses streamed or on the CPU
+        self.notices += [why] if why else []
         try:
-            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads,   # rollback room for
-                               rollback=cfg.mtp_draft if cfg.mtp and self.model.mtp_loaded else 0)   # MTP drafts
+            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads, op_offload=offload,
+                               rollback=cfg.mtp_draft if cfg.mtp and self.model.mtp_loaded else 0)  # MTP drafts' room
             self.ctx.enable_stats(cfg.stats_ring)
             if cfg.mtp:
                 self.mtp = mtp_mod.attach(self.model, self.ctx, cfg.mtp_draft, cfg.threads, self.notices)

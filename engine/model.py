@@ -283,7 +283,7 @@ class Context:
         cp.no_perf = True
         # batches of >= 32 tokens: host-resident weights (the host chain's experts) streamed to the GPU by the
         # scheduler (True, llama.cpp's default) or computed where they live, on the CPU (False)
-        cp.op_offload = op_offload
+        cp.op_offload = self.op_offload = op_offload
         # recurrent state snapshots for cutting back up to `rollback` positions after a decode (rejected MTP
         # drafts); only recurrent/hybrid models use them
         cp.n_rs_seq = rollback if model.recurrent else 0

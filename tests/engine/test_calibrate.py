@@ -98,3 +98,33 @@ def test_an_entry_from_before_the_thread_and_single_copy_fields_loads(cfg_home: 
     assert c is not None and c.cpu_threads == () and c.unmeasured == ""
     assert (c.cost_model().pcie_gbps, c.cost_model(pinned=True).pcie_gbps, c.cost_model(threads=4).cpu_gbps) == \
         (6.7, 26.8, 80.0)
+
+
+def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: Path) -> None:
+    """Prompt batches' experts that are not in slots are streamed to the GPU (op-offload) or computed on the CPU,
+    whichever this machine's calibration timed faster for the memory the model is loaded in; llama.cpp's default
+    (streamed) when nothing was measured, and the engine says which it took."""
+    from moeslots.engine.model import LoadOptions, Model
+
+    with Model(bundled.model(), LoadOptions(experts_on_host=True, extra_bufts=False)) as m:
+        logs: list[str] = []
+        moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
+        g, c = calibrate._prompt_rates(m, moe, 16, 2, logs.append, n_tokens=64, pack_host=True)
+        assert g > 0 and c > 0 and len(logs) == 2 and "at 16 slots" in logs[1]
+    base = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-03", model="m", slab_mb=3.0,
+                                 upload_pageable_gbps=7.0, upload_pinned_gbps=50.0, cpu_gbps=80.0, base_ms=3.0,
+                                 method="split")
+    assert base.prompt_offload(pinned=False) is None and calibrate.prompt_path(pinned=False) == (True, "")
+    cal = dataclasses.replace(base, prompt_stream_tok_s=240.0, prompt_cpu_tok_s=410.0,   # mmap: the CPU wins
+                              prompt_stream_pinned_tok_s=1900.0, prompt_cpu_pinned_tok_s=410.0)
+    calibrate.save(cal)
+    assert calibrate.load() == cal and "prompt 512 streamed/CPU: 240/410 tok/s pageable" in cal.render()
+    assert calibrate.prompt_path(pinned=False)[0] is False and calibrate.prompt_path(pinned=True)[0] is True
+    cfg = EngineConfig(model=bundled.model(), pack_host=True, mtp=False, threads=2, n_ctx=256, mmap=True)
+    for mmap, offload, how in ((True, False, "computed on the CPU"), (False, True, "streamed to the GPU")):
+        eng = Engine(dataclasses.replace(cfg, mmap=mmap))
+        try:
+            assert eng.ctx.op_offload is offload
+            assert any(n.startswith(f"prompts: experts not in slots {how}") for n in eng.notices), eng.notices
+        finally:
+            eng.close()
