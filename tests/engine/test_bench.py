@@ -26,6 +26,27 @@ def test_bench_rows(tiny_qwen: Path) -> None:
     assert decode.render_compare_row(same) == "| 8 | 100.0 % | 1 of 1 |"
 
 
+def test_bench_all_gpu_and_cpu_prompts(tiny_qwen: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--all-gpu: one stock row (no host experts, no cache) whatever slots are asked; --no-op-offload reaches the
+    context and the table's header says where prompt batches computed the experts that are not in slots."""
+    rows, info = decode.run(tiny_qwen, [0, 4], n_decode=6, prompt_len=40, threads=2, all_gpu=True, with_stats=False,
+                            log=lambda m: None)
+    (r,) = rows
+    assert r.slots == info["n_expert"] and r.load_line.startswith("every expert on the GPU") and r.pack_mib == 0.0
+    assert "every expert on the GPU (stock llama.cpp, no cache)" in decode.render(rows, info)
+    seen: list[bool] = []
+    real = decode.Context.__init__
+
+    def spy(self: decode.Context, *a: object, **k: object) -> None:
+        real(self, *a, **k)                                     # type: ignore[arg-type]
+        seen.append(self.op_offload)
+
+    monkeypatch.setattr(decode.Context, "__init__", spy)
+    rows, info = decode.run(tiny_qwen, [4], n_decode=6, prompt_len=40, threads=2, pack_host=True, op_offload=False,
+                            log=lambda m: None)
+    assert seen == [False] and "prompt 40 (host experts on the CPU)" in decode.render(rows, info)
+
+
 def test_repick_bench_overlapped_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     from moeslots.engine import bundled
     from test_repick import stage_waits
