@@ -85,6 +85,46 @@ def weight_copy_bytes() -> int:
     return int(_bind().llama_moeslots_weight_copy_bytes())
 
 
+@dataclasses.dataclass(frozen=True)
+class SchedTiming:
+    """Where the scheduler's time went over `graphs` computed graphs (all contexts; patch 0006), per kind of split:
+    the CPU's splits and the other backends' (the GPU's). wait: waiting for a backend before taking a split's inputs
+    (before a CPU split: the GPU finishing the work queued before it); copy: copying the inputs; compute: the split's
+    compute call (the computation itself on the CPU, the launch on a GPU). Microseconds, summed."""
+
+    graphs: int
+    cpu_splits: int
+    gpu_splits: int
+    cpu_wait_us: float
+    cpu_copy_us: float
+    cpu_compute_us: float
+    gpu_wait_us: float
+    gpu_copy_us: float
+    gpu_launch_us: float
+
+    def per_graph_ms(self) -> dict[str, float]:
+        """Each field per graph (a 1-token decode graph is one token): times in ms (keys ..._ms), splits as counts."""
+        n = max(1, self.graphs)
+        return {f.name.replace("_us", "_ms"): getattr(self, f.name) / n / (1.0 if f.name.endswith("splits") else 1e3)
+                for f in dataclasses.fields(self) if f.name != "graphs"}
+
+
+def sched_timing(on: bool, reset: bool = True) -> SchedTiming | None:
+    """Read the scheduler's clock (sums since the last reset), then start (on) or stop it; reset zeroes the sums.
+    None when the engine has no such clock (built before patch 0006)."""
+    L = native.lib()
+    if not native.hasattr_symbol(L, "llama_moeslots_sched_timing"):
+        return None
+    f = L.llama_moeslots_sched_timing
+    if f.argtypes is None:
+        f.restype = None
+        f.argtypes = [ctypes.c_bool, ctypes.POINTER(ctypes.c_double), ctypes.c_int32, ctypes.c_bool]
+    out = (ctypes.c_double * 9)()
+    f(on, out, 9, reset)
+    v = list(out)
+    return SchedTiming(int(v[0]), int(v[1]), int(v[2]), *v[3:])
+
+
 def read(ctx_ptr: int, n_layer_all: int, n_expert: int, k: int, ring_rows: int) -> RoutingStats:
     L = _bind()
     pp = np.zeros((n_layer_all, n_expert), np.uint64)

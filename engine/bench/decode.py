@@ -39,6 +39,7 @@ class BenchRow:
     top10_share: float
     load_line: str
     splits: int = -1                 # backend runs of a 1-token decode graph (-1: engine without the counter)
+    timing: dict | None = None       # per decode token, ms: where the scheduler's time went (--timing; SchedTiming)
 
 
 @dataclasses.dataclass
@@ -61,12 +62,13 @@ class _Bench:
 
     def __init__(self, model_path: Path, *, n_decode: int, prompt_len: int, threads: int | None, mmap: bool,
                  pack_host: bool, seed: int, replay_from: str | None, n_greedy: int = 0, greedy_tokens: int = 0,
-                 op_offload: bool = True, all_gpu: bool = False):
+                 op_offload: bool = True, all_gpu: bool = False, timing: bool = False):
         self.m = m = Model(model_path, LoadOptions(experts_on_host=not all_gpu, use_mmap=mmap,
                                                    extra_bufts=not pack_host))
         f = m.facts
         self.moe = [il for il in f.moe_layers if il < f.n_layer]       # trunk layers (no MTP context here)
         self.pack_host, self.prompt_len, self.greedy_tokens = pack_host, prompt_len, greedy_tokens
+        self.timing, self.last_timing = timing, None
         n_ctx = max(prompt_len + n_decode, 64 + greedy_tokens) + 16
         self.ctx = ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads, op_offload=op_offload)
         ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off by the caller if asked
@@ -100,11 +102,15 @@ class _Bench:
         ctx.decode(self.prompt, prompt=True)
         pp = time.perf_counter() - t0
         b0 = stats_mod.weight_copy_bytes()
+        if self.timing:
+            stats_mod.sched_timing(True)
         per = []
         for t in self.stream:
             t1 = time.perf_counter()
             ctx.decode([t])
             per.append(time.perf_counter() - t1)
+        if self.timing:
+            self.last_timing = timing_per_token(stats_mod.sched_timing(False), per)
         moved = stats_mod.weight_copy_bytes() - b0
         st = ctx.read_stats() if ctx.stats_ring >= 0 else None
         return pp, per, st, moved
@@ -137,13 +143,15 @@ class _Bench:
 def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, prompt_len: int = 512,
         threads: int | None = None, mmap: bool = True, pack_host: bool = False, seed: int = 0,
         with_stats: bool = True, replay_from: str | None = None, op_offload: bool = True, all_gpu: bool = False,
-        log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
+        timing: bool = False, log: Callable[[str], None] = print) -> tuple[list[BenchRow], dict]:
     """`bench decode`: at each slot count, prompt and decode speed, hit rate, uploads, splits and routing regime.
     op_offload False: prompt batches compute the host chain on the CPU instead of streaming its experts to the GPU.
     all_gpu: stock llama.cpp with every expert on the GPU (no host experts, no cache; slot_counts ignored): the
-    reference a fully resident cache is held to."""
+    reference a fully resident cache is held to. timing: where each decode token's time went (the scheduler's clock,
+    timing_per_token), in the row and the log."""
     b = _Bench(model_path, n_decode=n_decode, prompt_len=prompt_len, threads=threads, mmap=mmap,
-               pack_host=pack_host, seed=seed, replay_from=replay_from, op_offload=op_offload, all_gpu=all_gpu)
+               pack_host=pack_host, seed=seed, replay_from=replay_from, op_offload=op_offload, all_gpu=all_gpu,
+               timing=timing)
     m, f = b.m, b.m.facts
     info = {"model": str(model_path), "arch": f.arch, "n_layer": f.n_layer, "n_expert": f.n_expert,
             "k": f.n_expert_used, "mmap": mmap, "threads": threads, "n_decode": n_decode, "prompt_len": prompt_len,
@@ -166,8 +174,10 @@ def run(model_path: Path, slot_counts: Sequence[int], *, n_decode: int = 128, pr
                 decode_tok_s=len(per) / sum(per), ms_per_token_median=1000 * statistics.median(per),
                 ms_per_token_p90=1000 * float(np.percentile(per, 90)), hit_rate=st.hit_rate if st else float("nan"),
                 upload_mb_per_token=moved / len(per) / 1e6, distinct_per_layer=distinct, top10_share=top10,
-                load_line=line, splits=splits))
+                load_line=line, splits=splits, timing=b.last_timing))
             log(render_row(rows[-1]))
+            if b.last_timing:
+                log(render_timing(s, b.last_timing))
     finally:
         b.close()
     return rows, info
@@ -196,6 +206,29 @@ def compare(model_path: Path, slot_counts: Sequence[int], *, prompts: int = 4, t
     finally:
         b.close()
     return rows
+
+
+def timing_per_token(t: "stats_mod.SchedTiming | None", per: Sequence[float]) -> dict | None:
+    """The scheduler's clock over the timed decode tokens as ms per token, with the token's wall time and what the
+    clock did not see (`rest`: the final wait for the last split, sampling-free decode bookkeeping, Python)."""
+    if t is None or not per:
+        return None
+    n = len(per)
+    d = {f: v * t.graphs / n for f, v in t.per_graph_ms().items()}
+    seen = sum(v for f, v in d.items() if f.endswith("_ms"))
+    d["wall_ms"] = 1000 * sum(per) / n
+    d["rest_ms"] = d["wall_ms"] - seen
+    return d
+
+
+TIMING_HEADER = ("| slots | wall ms | CPU splits | CPU: wait for GPU | copy in | compute | GPU splits | GPU: wait | "
+                 "copy in | launch | rest |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def render_timing(slots: int, d: dict) -> str:
+    return (f"timing per token, ms: | {slots} | {d['wall_ms']:.2f} | {d['cpu_splits']:.0f} | {d['cpu_wait_ms']:.2f} | "
+            f"{d['cpu_copy_ms']:.2f} | {d['cpu_compute_ms']:.2f} | {d['gpu_splits']:.0f} | {d['gpu_wait_ms']:.2f} | "
+            f"{d['gpu_copy_ms']:.2f} | {d['gpu_launch_ms']:.2f} | {d['rest_ms']:.2f} |")
 
 
 def render_row(r: BenchRow) -> str:

@@ -50,8 +50,12 @@ def cmd_decode(a: argparse.Namespace) -> int:
     rows, info = decode.run(Path(a.model), slots, n_decode=a.n_decode, prompt_len=a.prompt_len, threads=a.threads,
                             mmap=not a.no_mmap, pack_host=a.pack_host, with_stats=not a.no_stats,
                             replay_from=a.replay, op_offload=not a.no_op_offload, all_gpu=a.all_gpu,
-                            log=lambda m: print(m, file=sys.stderr))
+                            timing=a.timing, log=lambda m: print(m, file=sys.stderr))
     print(decode.render(rows, info))
+    if a.timing:
+        print("\nwhere a decode token's time went (the scheduler's clock, ms per token):\n" + decode.TIMING_HEADER)
+        print("\n".join(decode.render_timing(r.slots, r.timing)[len("timing per token, ms: "):]
+                        for r in rows if r.timing))
     if a.json:
         decode.save(rows, info, Path(a.json))
     return 0
@@ -169,6 +173,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "them to the GPU (llama.cpp's op-offload, batches >= 32)")
     d.add_argument("--all-gpu", action="store_true",
                    help="every expert on the GPU, no cache (stock llama.cpp): the reference for full residency")
+    d.add_argument("--timing", action="store_true",
+                   help="where each decode token's time goes: per split kind (CPU, GPU) the time waiting for the "
+                        "other backend, copying inputs and computing (CPU) or launching (GPU)")
     _replay(d)
     d.set_defaults(func=cmd_decode)
 

@@ -17,7 +17,8 @@
 # Engine v2 (issue 18): op (scripts/h200/mmid-op.sh: MUL_MAT_ID with negative ids over CUDA), v2 (the 30B-A3B-shape
 # qwen3moe of the side-by-side table in shared/h200-box.md: prompt 512 at 50 % with host experts streamed or on the
 # CPU, mmap and pinned; full residency with stats on/off against every expert on the GPU; decode at 25/50/75 % under
-# uniform routing), v2mtp (MTP verify batches of 2-8 tokens through the cache).
+# uniform routing), v2mtp (MTP verify batches of 2-8 tokens through the cache), timing (where a decode token's time
+# goes: the scheduler's clock, patch 0006).
 # Routing donor (issue 19): DONOR_MIN=M trains scripts/train/donor.sh's donor on CUDA for M minutes in the background
 # from the start (beside the engine build; DONOR_FROM=DIR: an earlier donor's corpus.tar.xz and tokenizer.json); step donor exports it, checks its GGUF routes as PyTorch does and records
 # its six traces (in bench.tgz: donor/); donorbench replays them on the 30B-A3B shape (static, re-pick, hybrid,
@@ -68,10 +69,12 @@ if [ -n "${DONOR_MIN:-}" ] && [ ! -f /tmp/donor/weights.pt ]; then
   ( PY=python3 bash $R/scripts/train/donor.sh /tmp/donor "$DONOR_MIN" cuda train-only > $B/donor-train.txt 2>&1
     echo "donor training rc $?" >> $B/donor-train.txt ) & DONOR=$!
 fi
-case " $STEPS " in *" v2 "*|*" donorbench "*|*" models "*)
+case " $STEPS " in *" v2 "*|*" donorbench "*|*" models "*|*" timing "*)
 [ -f /tmp/big.gguf ] || { ( cd /tmp && time $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 && mv /tmp/big.part.gguf /tmp/big.gguf; echo "synth rc $?" >> $B/synth-big.txt ) & S3=$!; } ;;
 esac
-[ -f /tmp/mtp.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtp.part.gguf $G > $B/synth.txt 2>&1 && mv /tmp/mtp.part.gguf /tmp/mtp.gguf; echo "synth rc $?" >> $B/synth.txt ) & S1=$!; }
+case " $STEPS " in *" async "*|*" calib "*|*" repick"*|*" pinned "*|*" live "*|*" long "*|*" overlap "*|*" models "*|*" v2mtp "*)
+[ -f /tmp/mtp.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtp.part.gguf $G > $B/synth.txt 2>&1 && mv /tmp/mtp.part.gguf /tmp/mtp.gguf; echo "synth rc $?" >> $B/synth.txt ) & S1=$!; } ;;
+esac
 case " $STEPS " in *" heads "*)
 [ -f /tmp/mtpc.gguf ] || { ( cd /tmp && time $M synth -o /tmp/mtpc.part.gguf $G --const-head > $B/synth-const.txt 2>&1 && mv /tmp/mtpc.part.gguf /tmp/mtpc.gguf; echo "synth rc $?" >> $B/synth-const.txt ) & S2=$!; } ;;
 esac
@@ -141,6 +144,15 @@ v2)
   run v2-all-gpu 90 $M bench decode /tmp/big.gguf --all-gpu -n 128 --prompt-len 128 --threads 16 --no-stats --json $B/v2-all-gpu.json
   run v2-decode-pinned 150 $M bench repick /tmp/big.gguf --every 0 --slots 32,64,96 --replay uniform -n 64 --threads 16 --no-mmap --json $B/v2-decode-pinned.json
   run v2-decode-mmap 150 $M bench repick /tmp/big.gguf --every 0 --slots 32,64,96 --replay uniform -n 64 --threads 16 --json $B/v2-decode-mmap.json ;;
+timing)    # where a decode token's time goes (patch 0006's clock): per layer the CPU split waits for the GPU, copies
+           # its inputs, computes; the GPU splits copy theirs and launch. 127 slots: a host round trip per layer with
+           # almost nothing to compute on the CPU (its cost alone); with OpenMP threads spinning, without CUDA graphs
+  [ -n "$S3" ] && { wait $S3; tail -2 $B/synth-big.txt; S3=""; }
+  run timing-pinned 200 $M bench decode /tmp/big.gguf --slots 0,64,96,127,128 -n 64 --prompt-len 64 --threads 16 --no-mmap --timing --json $B/timing-pinned.json
+  run timing-spin 120 env OMP_WAIT_POLICY=active $M bench decode /tmp/big.gguf --slots 64,127 -n 64 --prompt-len 64 --threads 16 --no-mmap --timing --json $B/timing-spin.json
+  run timing-nographs 120 env GGML_CUDA_DISABLE_GRAPHS=1 $M bench decode /tmp/big.gguf --slots 64,128 -n 64 --prompt-len 64 --threads 16 --no-mmap --timing --json $B/timing-nographs.json
+  run timing-t6 120 $M bench decode /tmp/big.gguf --slots 64,127 -n 64 --prompt-len 64 --threads 6 --no-mmap --timing --json $B/timing-t6.json
+  run timing-mmap 120 $M bench decode /tmp/big.gguf --slots 64 -n 64 --prompt-len 64 --threads 16 --timing --json $B/timing-mmap.json ;;
 v2mtp)     # drafts 4-7 make verify batches of 5-8 tokens: the cache serves them (no zero slot)
   [ -n "$S1" ] && { wait $S1; S1=""; }
   run v2-mtp 150 $M bench mtp /tmp/mtp.gguf --drafts 1,4,7 --slots 0,64 -n 48 --threads 16 --replay uniform --json $B/v2-mtp.json ;;

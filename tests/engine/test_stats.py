@@ -123,3 +123,25 @@ def test_fully_resident_layers_keep_their_ids_on_the_device(tiny_qwen: Path) -> 
     assert st.picks_prompt[full].sum() == 4 * f.n_expert_used == st.picks_prompt[part].sum()
     assert st.hits[full] == f.n_expert_used and st.misses[full] == 0
     assert st.hits[part] + st.misses[part] == f.n_expert_used
+
+
+def test_scheduler_clock_counts_graphs_and_splits(tiny_glm: Path) -> None:
+    """Patch 0006: while on, every computed graph and its splits are counted and the CPU's compute time is summed;
+    off, nothing accumulates; a reset zeroes the sums. (On this CPU-only machine every split is the CPU's.)"""
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        m.set_slots(SlotPlan.uniform(m.facts.moe_layers[:-1], 5, m.facts.n_expert), pack_host=True)
+        ctx.decode([1, 2, 3, 4], prompt=True)
+        stats_mod.sched_timing(False, reset=True)
+        for t in (5, 6, 7):
+            ctx.decode([t])
+        off = stats_mod.sched_timing(True, reset=True)
+        assert off is not None and off.graphs == 0 and off.cpu_compute_us == 0
+        for t in (8, 9, 10, 11, 12):
+            ctx.decode([t])
+        on = stats_mod.sched_timing(False, reset=True)
+        assert on is not None and on.graphs == 5
+        assert on.cpu_splits >= 5 and on.gpu_splits == 0
+        assert on.cpu_compute_us > 0 and on.gpu_launch_us == 0
+        assert stats_mod.sched_timing(False).graphs == 0      # the reset above
+        per = on.per_graph_ms()
+        assert per["cpu_splits"] == on.cpu_splits / 5 and abs(per["cpu_compute_ms"] - on.cpu_compute_us / 5000) < 1e-12
