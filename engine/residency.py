@@ -1,5 +1,6 @@
 """Adaptive residency for one Engine: re-picks (`--repick N`, F3), `--repick auto` (at load from the profile, then
-live from the chat's own routing), and the dynamic tier (`--policy hybrid|dynamic|auto`, engine.hybrid_tier).
+live from the chat's own routing), and the dynamic tier (`--policy hybrid|dynamic|auto`, engine.native_tier: the
+engine's own, uploads now decided inside the graph).
 
 Every N decode tokens the residents of each layer are elected from the recent window's picks (profiles.plan.elect,
 the simulator's rule) and only the swapped slabs are copied — synchronously between two tokens, or on a worker
@@ -25,7 +26,7 @@ from . import cache as cache_mod
 from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
-from .hybrid_tier import TierRunner
+from .native_tier import NativeTier
 from .stats import RoutingStats
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Residency:
         self.auto_mark: tuple[int, SlotPlan] | None = None  # live auto: (decode tokens, plan) when last decided
         self.spare = False                                # the packs have a spare entry (overlapped re-picks)
         self.stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
-        self.tier: TierRunner | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
+        self.tier: NativeTier | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
@@ -54,9 +55,9 @@ class Residency:
         return cfg.repick_overlap and cfg.repick_every > 0
 
     def may_move(self) -> bool:
-        """Whether slots may move under this configuration (re-pick copies or a tier, which need a spare slab per
-        layer): `--slots auto` leaves room for it."""
-        return self._overlapped_repicks() or self.eng.cfg.policy != "static"
+        """Whether slots may move under this configuration by copies that need a spare slab per layer (overlapped
+        re-picks; the tier writes into its own slots): `--slots auto` leaves room for it."""
+        return self._overlapped_repicks()
 
     def wants_spare(self, plan: SlotPlan) -> bool:
         """Before a plan is configured (Engine._apply_plan): decide the policy for it (`auto`: simulated on the
@@ -77,7 +78,7 @@ class Residency:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
             pol = policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
-        return self._overlapped_repicks() or self.tier_d > 0
+        return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
 
     def _auto_policy(self, slots: int) -> tuple[str, int, str]:
         eng = self.eng
@@ -97,12 +98,9 @@ class Residency:
         if self.auto_mark is not None:
             self.auto_mark = (self.eng._decode_tokens, plan)
         self._close_tier()
-        if self.tier_d > 0 and spare and plan.layers:
-            eng, f = self.eng, self.eng.model.facts
-            ptr, n_all = eng.ctx.ptr, eng.model.n_layer_all
-            self.tier = TierRunner(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0],
-                                   lambda rows: stats_mod.read(ptr, n_all, f.n_expert, f.n_expert_used, rows),
-                                   n_expert=f.n_expert, k=f.n_expert_used, wait=eng.cfg.tier_wait)
+        if self.tier_d > 0 and plan.layers:
+            eng = self.eng
+            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0])
 
     def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
@@ -130,6 +128,7 @@ class Residency:
             raise EngineError("re-pick interval must be >= 0")
         with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
             if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
+                eng._plan = self.tier.drain()     # from what the tier left in the slots
                 self._close_tier()
                 eng.cfg = dataclasses.replace(eng.cfg, policy="static")
                 self.policy_line = "static (re-picks on: the dynamic tier is off)"
@@ -201,19 +200,13 @@ class Residency:
         eng = self.eng
         if self.tier is not None:
             before = self.tier.counts.bytes
-            try:
-                plan = self.tier.step(n_new)                       # between decodes: commits, decisions, stages
-            except cache_mod.CacheError as e:                      # never end the reply: the slots stay as they are
-                eng.notices.append(f"the dynamic tier stopped (its copy failed: {e}); the slots stay as they are")
+            plan = self.tier.step(n_new)                           # between decodes: its counts, now and then the plan
+            moved = self.tier.counts.bytes - before
+            if plan is not None or moved:
                 with eng._lock:
-                    eng._plan = self.tier.plan
-                    self._close_tier()
-                    self.policy_line = "static (the dynamic tier stopped: a copy failed)"
-                return
-            if plan is not None:
-                with eng._lock:
-                    eng._plan = plan
-                    eng._upload_bytes += self.tier.counts.bytes - before
+                    if plan is not None:
+                        eng._plan = plan
+                    eng._upload_bytes += moved
             return
         if self.stager is not None:
             self._commit_stage()                                   # between decodes: the copies that are in

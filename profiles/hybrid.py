@@ -1,8 +1,9 @@
 """The hybrid residency policy: per layer a static core (from a profile) plus a dynamic tier of D slots, and for every
 missed expert a decision by this machine's costs — compute it on the CPU now, upload it now and compute it on the
 GPU, or compute it on the CPU now and upload it for later (prefetch into the tier while the rest of the token
-computes). `Tier` is the rule, one decode token at a time; the simulator (simulate_hybrid, sweep) and the engine
-(engine.hybrid_tier, `--policy hybrid|dynamic`) both run it, so the simulator predicts what the engine does.
+computes). `Tier` is the rule, one decode token at a time; the simulator (simulate_hybrid, sweep) runs it, and the
+engine (patch 0007, engine.native_tier, `--policy hybrid|dynamic`) runs the same rule in C++ inside its graph, so
+the simulator predicts what the engine does (its hits, uploads and CPU misses exactly: tests/engine).
 
 Timing model per decode token: the GPU's work (base + resident picks), and per layer its misses split between the
 CPU (slab / CPU GB/s each) and synchronous uploads (slab / PCIe GB/s each), which run concurrently, so a layer
@@ -12,10 +13,11 @@ frequency (recency and frequency in one score); a prefetch is admitted only when
 not picked by this token.
 
 How admissions reach VRAM is a `Mechanism`. IDEAL (the simulator's default): uploads now, prefetches resident from
-the next token, any number per layer. ENGINE (what the engine's cache can do today, engine/cache.py): no upload now
-(computing a just-uploaded expert on the GPU in the same token needs the cache rewrite of issue 18), a prefetch
-staged into the layer's spare pack entry on a worker thread while the next token decodes and committed after it
-(resident one token later than IDEAL: lag 1), one copy in flight per layer (one spare entry).
+the next token, any number per layer; an upload with no tier entry to replace is a transient copy. NATIVE = ENGINE
+(what the engine does, patch 0007): uploads now into the tier, no prefetch, no transient copy (a miss with no entry
+to replace stays on the CPU). STAGED (a what-if: the engine's first tier, stepped from Python): no upload now, a
+prefetch staged into a spare pack entry while the next token decodes and committed after it (resident one token
+later than IDEAL: lag 1), one copy in flight per layer.
 
 D = 0 is the static cache (every miss on the CPU); core 0 is a dynamic cache (with cheap uploads now, llama.cpp's
 `--moe-cache-mib` way).
@@ -37,6 +39,8 @@ class Mechanism:
     upload_now: bool = True         # a miss may be uploaded and computed on the GPU in the same token
     lag: int = 0                    # tokens between a prefetch decision's next token and its slab being resident
     one_per_layer: bool = False     # at most one prefetch in flight per layer
+    transient: bool = True          # an upload now with no tier entry to replace is still made (then dropped)
+    prefetch: bool = True           # misses computed on the CPU may be uploaded for later
 
     def __post_init__(self) -> None:
         if self.lag > 0 and not self.one_per_layer:
@@ -44,7 +48,9 @@ class Mechanism:
 
 
 IDEAL = Mechanism()
-ENGINE = Mechanism(upload_now=False, lag=1, one_per_layer=True)
+NATIVE = Mechanism(transient=False, prefetch=False)
+ENGINE = NATIVE                     # what the engine runs
+STAGED = Mechanism(upload_now=False, lag=1, one_per_layer=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +160,7 @@ class Tier:
                            else up * self.t_up + c * self.t_cpu) + up.sum() * self.t_gpu)
         up_ms = float(up.sum() * self.t_up)
         pref: list[tuple[int, int, int]] = []
-        if self.prefetch and cap > 0 and ml.size:
+        if self.prefetch and mech.prefetch and cap > 0 and ml.size:
             budget = int(max(0.0, ms - up_ms) // self.t_up)
             if mech.one_per_layer and self.pending:
                 ok = ~np.isin(ml, list(self.pending))
@@ -177,14 +183,18 @@ class Tier:
                 u = best_split(idx.size, self.t_cpu, self.t_up, self.cap)
             else:
                 u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0
+            placed = 0
             for i in idx[np.argsort(-self.score[l, me[idx]], kind="stable")][:u].tolist():
                 e = int(me[i])                                      # (no free entry: a transient copy)
                 v = self._victim(l, ids[l])
+                if v is None and not self.mech.transient:
+                    break                                           # NATIVE: the rest stay on the CPU
                 if v is not None and not (l in self.pending and self.pending[l][0] == e):
                     self._place(l, e, v)
                 now_up.append((l, e))
                 keep[i] = False
-            up[l] = u
+                placed += 1
+            up[l] = placed
         return ml[keep], me[keep]
 
     def _admit(self, l: int, e: int, v: int) -> tuple[int, int, int]:
@@ -227,12 +237,19 @@ class Tier:
 
 def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel, *, decay: float = 0.95,
                     prefetch: bool = True, overlap: bool = True, initial: np.ndarray | None = None,
-                    mech: Mechanism = IDEAL) -> HybridResult:
+                    mech: Mechanism = IDEAL, warmup: int = 0) -> HybridResult:
     """P: decode picks [T, L, k]; core: static residents [L, n_expert] (bool); tier: dynamic slots per layer;
     initial: the tier's first residents (None: empty). With a lag, a prefetch decided at token t lands before
-    token t + 1 + lag, as the engine's commits do when each copy is in by then."""
-    T, L, k = P.shape
+    token t + 1 + lag, as the engine's commits do when each copy is in by then. The first `warmup` tokens go
+    through the rule uncounted (a benchmark's warm-up decodes)."""
     rule = Tier(core, tier, cost, initial=initial, decay=decay, prefetch=prefetch, overlap=overlap, mech=mech)
+    if warmup:
+        if mech.lag > 0:
+            raise ValueError("warm-up tokens with a prefetch lag are not modelled")
+        for t in range(warmup):
+            rule.step(P[t])
+        P = P[warmup:]
+    T, L, k = P.shape
     due: dict[int, int] = {}                                        # layer -> token its copy lands before
     hits = tier_hits = sync = pref = cpu = 0
     total_ms = 0.0

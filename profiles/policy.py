@@ -39,7 +39,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
                   tiers: Sequence[int] | None = None, mech: Mechanism = ENGINE, holdout: float = 0.5,
                   min_gain: float = 0.05, max_scored: int = MAX_SCORED) -> tuple[str, int, str]:
     """`--policy auto`: the tier size (0 = static) with the lowest estimated ms/token, the rule run with the engine's
-    mechanism (no uploads now; prefetches land a token late, one per layer in flight). As choose_repick: the core
+    mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the core
     comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
     tokens), a tier only when it is estimated `min_gain` faster than static. Deterministic. Returns (policy, tier
     slots, one line saying why)."""

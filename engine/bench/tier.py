@@ -1,6 +1,6 @@
-"""`moeslots bench repick --policy hybrid,dynamic,auto`: the dynamic tier measured (engine.hybrid_tier) under replayed
-routing, beside the simulator's prediction for the same rows, core and rule (profiles.hybrid with the ENGINE
-mechanism: no uploads now, prefetches landing a token late, one per layer in flight)."""
+"""`moeslots bench repick --policy hybrid,dynamic,auto`: the dynamic tier measured (engine.native_tier: each token's
+misses split between the CPU and uploads into the tier now, by this machine's costs) under replayed routing, beside
+the simulator's prediction for the same rows, core, rule and costs (profiles.hybrid with the ENGINE mechanism)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ...profiles.simulate import layer_counts
 from .. import calibrate, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
-from ..hybrid_tier import TierRunner, masks
+from ..native_tier import NativeTier, masks
 from ..model import Context, LoadOptions, Model
 
 
@@ -36,9 +36,8 @@ class TierRow:
     hit_rate: float                  # native stats: picks served by the pack (core + tier)
     tier_hits_per_token: float
     cpu_per_token: float
-    uploads_per_token: float         # tier copies committed per token
+    uploads_per_token: float         # misses uploaded into the tier (and computed on the GPU) per token
     mb_per_token: float
-    late: int                        # copies still in flight or queued when the run ended (dropped)
     sim_hit_rate: float
     sim_uploads_per_token: float
     sim_cpu_per_token: float
@@ -48,19 +47,18 @@ class TierRow:
 
 def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
               tier: int | None = None, n_decode: int = 128, profile_rows: int = 1024, threads: int | None = None,
-              mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None, wait: bool = False,
+              mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None,
               log: Callable[[str], None] = print) -> list[TierRow]:
     """For each routing (a trace CSV or "uniform") replayed through the router: the plan of S slots is the top-S of
     the first `profile_rows` rows; its last D slots are the tier; the timed decode replays the rows after them, the
-    tier stepping between decodes as in the engine (copies overlapped; wait=True: each commit waits for its copy,
-    the simulator's exact schedule). The simulator runs the same rows from the same core and tier."""
+    engine's tier deciding every token's uploads. The simulator runs the same rows from the same core, tier and
+    costs."""
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]
     cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap)[0]
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
     ctx.enable_stats(ring_rows=64 * (len(moe) + 2))
-    read = lambda rows: stats_mod.read(ctx.ptr, m.n_layer_all, f.n_expert, f.n_expert_used, rows)  # noqa: E731
     toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n_decode + 16)]
     rows: list[TierRow] = []
     try:
@@ -76,6 +74,7 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                                                           full.source))
             name = "uniform" if routing == "uniform" else Path(routing).stem
             counts = layer_counts(prof, moe, f.n_expert)
+            W = picks[profile_rows + 12:profile_rows + 16]                # the warm-up decode rows (graphs)
             P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
             for s in slot_counts:
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
@@ -85,7 +84,7 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                         _, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost)
                     else:
                         d = policy_mod.tier_slots(pol, s, tier)
-                    row = _one(m, ctx, read, plan, d, cost, toks, P, wait=wait, pack_host=pack_host)
+                    row = _one(m, ctx, plan, d, cost, toks, W, P, pack_host=pack_host)
                     row = dataclasses.replace(row, routing=name, policy=pol, chosen=why)
                     rows.append(row)
                     log(render_tier_row(row))
@@ -96,40 +95,42 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     return rows
 
 
-def _one(m: Model, ctx: Context, read: Callable[[int], "stats_mod.RoutingStats"], plan: SlotPlan, d: int,
-         cost: CostModel, toks: list[int], P: np.ndarray, *, wait: bool,
-         pack_host: bool) -> TierRow:
+def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: list[int], W: np.ndarray,
+         P: np.ndarray, *, pack_host: bool) -> TierRow:
     f = m.facts
     s = plan.slots_per_layer
-    m.set_slots(plan, pack_host=pack_host, spare=d > 0)
+    m.set_slots(plan, pack_host=pack_host)
     ctx.reset()
     ctx.decode(toks[:12], prompt=True)                             # rows 0..11: prompt
-    for t in toks[12:16]:                                         # rows 12..15: graphs
+    runner = NativeTier(m.ptr, plan, d, cost) if d else None
+    for t in toks[12:16]:                                         # rows 12..15: graphs (the tier's too)
         ctx.decode([t])
-    stats_mod.reset(ctx.ptr)
-    runner = TierRunner(m.ptr, plan, d, cost, read, n_expert=f.n_expert, k=f.n_expert_used, wait=wait) if d else None
     per = []
     try:
+        if runner is not None:
+            runner.step()
+            runner.counts = type(runner.counts)()                  # count the timed rows only
+        stats_mod.reset(ctx.ptr)
         for t in toks[16:16 + len(P)]:
             t1 = time.perf_counter()
             ctx.decode([t])
-            if runner is not None:
-                runner.step(1)
             per.append(time.perf_counter() - t1)
-        late = runner.counts.decided - runner.counts.landed if runner is not None else 0
+        if runner is not None:
+            runner.step()
+        c = runner.counts if runner is not None else None
     finally:
         if runner is not None:
             runner.close()
     st = ctx.read_stats()
     n = len(per)
-    c = runner.counts if runner is not None else None
+    # the simulator steps the warm-up rows 12..15 too (the engine's tier did), then counts the timed ones
     core, first = masks(plan, d, f.n_expert)
-    sim = simulate_hybrid(P, core, d, cost, initial=first, mech=ENGINE)
+    sim = simulate_hybrid(np.concatenate([W, P]), core, d, cost, initial=first, mech=ENGINE, warmup=len(W))
     L, k = P.shape[1], P.shape[2]
     return TierRow("", s, "", d, n / sum(per), 1000 * statistics.median(per), st.hit_rate,
-                   c.tier_hits / n if c else 0.0, int(st.misses.sum()) / n, c.landed / n if c else 0.0,
-                   c.bytes / n / 1e6 if c else 0.0, late, sim.hit_rate, sim.prefetch_per_token,
-                   (1 - sim.hit_rate) * L * k, sim.ms_per_token)
+                   c.tier_hits / n if c else 0.0, (c.cpu if c else int(st.misses.sum())) / n,
+                   c.uploads / n if c else 0.0, c.bytes / n / 1e6 if c else 0.0, sim.hit_rate,
+                   sim.sync_uploads_per_token, sim.cpu_picks_per_token, sim.ms_per_token)
 
 
 TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hit % | tier picks/token | CPU picks/token | "

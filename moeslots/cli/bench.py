@@ -125,12 +125,12 @@ def cmd_repick(a: argparse.Namespace) -> int:
                 print(f"routing {name}: {src}")
             out = {"info": info, "rows": [dataclasses.asdict(r) for r in rows]}
         if policies:
-            print("residency policies (engine.hybrid_tier) beside the simulator (profiles.hybrid, the engine's "
-                  "mechanism):")
+            print("residency policies (the engine's tier: uploads now by cost) beside the simulator (profiles.hybrid, "
+                  "the engine's mechanism):")
             print(tier.TIER_HEADER)
             trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
                                    profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
-                                   pack_host=a.pack_host, cost=cost, wait=a.tier_wait, log=print)
+                                   pack_host=a.pack_host, cost=cost, log=print)
             for r in trows:
                 if r.chosen:
                     print(f"auto at {r.slots} slots on {r.routing}: {r.chosen}")
@@ -206,8 +206,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "dynamic tier of --tier D slots), dynamic (all slots a tier), auto (chosen from the profile rows "
                    "under the cost model)")
     r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid: dynamic slots per layer (default S/4)")
-    r.add_argument("--tier-wait", action="store_true", help="--policy: each tier commit waits for its copy (the "
-                   "simulator's exact schedule, so hits and uploads match it; the app never waits)")
     r.add_argument("--replay", default="uniform", metavar="TRACE,...|uniform",
                    help="the routings to replay (comma-separated traces and/or 'uniform'; default uniform)")
     r.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens per routing and policy")

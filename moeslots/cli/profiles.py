@@ -170,7 +170,7 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
     from ..profiles import hybrid
     from ..profiles.profile import from_trace
 
-    mech = hybrid.ENGINE if a.mechanism == "engine" else hybrid.IDEAL
+    mech = {"engine": hybrid.ENGINE, "staged": hybrid.STAGED}.get(a.mechanism, hybrid.IDEAL)
     try:
         tiers = [int(x) for x in tiers_arg.split(",") if x.strip()] if tiers_arg else None
         layers, P = sim.token_matrix(test)
@@ -181,9 +181,11 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
         raise UserError(str(e)) from None
     print(f"{a.trace}: {len(P)} decode tokens; {a.slots} slots/layer = static core + dynamic tier; core from "
           f"{a.train or a.trace + ' (in sample: --train another trace to score out of sample)'}")
-    how = ("the engine's mechanism: misses on the CPU, prefetched into the tier a token later, one copy per layer in "
-           "flight" if mech == hybrid.ENGINE else "ideal: misses split between CPU and uploads now by cost, "
-           "overlapped; prefetches resident from the next token")
+    how = {"engine": "the engine's mechanism: each token's misses split between the CPU and uploads into the tier now, "
+                     "by cost, overlapped; no prefetch",
+           "staged": "staged: misses on the CPU, prefetched into the tier a token later, one copy per layer in flight",
+           }.get(a.mechanism, "ideal: misses split between CPU and uploads now by cost, overlapped; prefetches "
+                 "resident from the next token")
     print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
           f"{cost.gpu_gbps} GB/s, base {cost.base_ms} ms; {how}")
     print("| core + tier | policy | hit % | uploads now/token | prefetched/token | CPU experts/token | est. ms/token |")
@@ -227,9 +229,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "alone: hybrid (a static core plus a dynamic tier, sweeping --tier) or dynamic (all slots a tier)")
     si.add_argument("--tier", metavar="D1,D2", help="--policy hybrid: dynamic slots per layer to sweep (default 0, "
                     "S/8, S/4, S/2, S)")
-    si.add_argument("--mechanism", choices=["engine", "ideal"], default="engine", help="--policy hybrid/dynamic: "
-                    "how misses reach VRAM: engine (what moeslots runs: CPU now, prefetch a token later, one copy "
-                    "per layer in flight; default) or ideal (also upload now and compute on the GPU)")
+    si.add_argument("--mechanism", choices=["engine", "staged", "ideal"], default="engine",
+                    help="--policy hybrid/dynamic: how misses reach VRAM: engine (what moeslots runs: each token's "
+                    "misses split between the CPU and uploads into the tier now, by cost; default), staged (CPU now, "
+                    "prefetched a token later, one copy per layer in flight) or ideal (uploads now and prefetches)")
     si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
     si.add_argument("--reelect-k", type=int, default=16)
     si.add_argument("--reelect-window", type=int, default=64)

@@ -64,6 +64,15 @@ def hardware() -> dict[str, str]:
     return {"nproc": str(os.cpu_count() or 0), "cpu": cpu or "unknown", "gpu": gpu}
 
 
+def _complete(path: Path) -> bool:
+    """Whether a run's result file is there and whole (an interrupted run leaves it missing, empty or cut)."""
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def collect(out: Path) -> dict[str, Any]:
     """sidebyside.json's content from run.sh's manifest and raw result files."""
     manifest = out / "manifest.jsonl"
@@ -76,6 +85,8 @@ def collect(out: Path) -> dict[str, Any]:
     facts = _load(out / "facts.json")
     llama: list[dict[str, Any]] = []
     moeslots: list[dict[str, Any]] = []
+    missing = [r for r in lines if not _complete(Path(r["json"]))]      # a run stopped before these (time limit)
+    lines = [r for r in lines if r not in missing]
     for run in lines:
         data = _load(Path(run["json"]))
         base = {"load": run["load"], "threads": int(run["threads"])}
@@ -103,7 +114,8 @@ def collect(out: Path) -> dict[str, Any]:
                                                            "backends")}
                 break
     return {"hardware": hardware(), "model": facts, "llama_bench": llama_info,
-            "commands": [f"{r['engine']}: {r['cmd']}" for r in lines], "llama": llama, "moeslots": moeslots}
+            "commands": [f"{r['engine']}: {r['cmd']}" for r in lines], "llama": llama, "moeslots": moeslots,
+            "not_run": [f"{r['engine']}: {r['cmd']}" for r in missing]}
 
 
 def _fmt(x: float | None) -> str:
@@ -175,6 +187,8 @@ def render(d: dict[str, Any]) -> str:
     if chosen:
         out += ["", "moeslots auto chose:"] + [f"- {c}" for c in chosen]
     out += ["", "Commands:", "", "```"] + list(d.get("commands", [])) + ["```"]
+    if d.get("not_run"):
+        out += ["", "Not run (stopped before them, or failed):", "", "```"] + list(d["not_run"]) + ["```"]
     return "\n".join(out) + "\n"
 
 

@@ -1,7 +1,8 @@
-"""Residency policies (`--policy static|hybrid|dynamic|auto`, engine.hybrid_tier): the tier moves experts between
-decodes and the output never changes (bit-identical logits to the stock run, the same greedy text as the static
-cache), and the simulator (profiles.hybrid with the ENGINE mechanism) predicts the engine's hits and uploads exactly
-on the same replayed routing."""
+"""Residency policies through the Engine (`--policy static|hybrid|dynamic|auto`, engine.native_tier): the tier
+moves experts while decoding and the text never changes (the same greedy text as the static cache, with MTP
+verify batches), the simulator (profiles.hybrid, the ENGINE mechanism) predicts the engine's hits and uploads
+exactly on the same replayed routing, and auto follows the calibration. (The op-level exactness of the tier, logits
+against the stock run: test_native_tier.py.)"""
 
 from __future__ import annotations
 
@@ -10,60 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exactness import _tokens, assert_identical
 from moeslots.engine import calibrate, replay
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.bench import tier as tier_bench
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
-from moeslots.engine.hybrid_tier import TierRunner, masks
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.native_tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
-CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)   # prefetches pay
+CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)   # uploads pay
 DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)  # uploads never fit
-CHUNKS = [1, 2, 3, 1, 1, 4, 1, 1, 5, 1, 1, 8, 1, 1, 1, 2, 1, 1]
-
-
-def _script(ctx: Context, step: "TierRunner | None") -> list[np.ndarray]:
-    """A prompt, then decode batches of 1..8 tokens with the tier stepping between them; every row's logits."""
-    ctx.reset()
-    out: list[np.ndarray] = []
-    prompt = _tokens(ctx.model.n_vocab, 20, 0)
-    ctx.decode(prompt, all_logits=True, prompt=True)
-    out += [ctx.logits(i).copy() for i in range(len(prompt))]
-    toks = _tokens(ctx.model.n_vocab, sum(CHUNKS), 1)
-    pos = 0
-    for c in CHUNKS:
-        ctx.decode(toks[pos:pos + c], all_logits=True)
-        out += [ctx.logits(i).copy() for i in range(c)]
-        if step is not None:
-            step.step(c)
-        pos += c
-    return out
-
-
-@pytest.mark.parametrize("tier", [2, 6])                   # hybrid (4 core + 2 tier), dynamic (all 6)
-def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
-    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
-        f = m.facts
-        ctx.enable_stats(ring_rows=4096)
-        stock = _script(ctx, None)
-        plan = SlotPlan.uniform(f.moe_layers, 6, f.n_expert)
-        m.set_slots(plan, pack_host=True, spare=True)
-        read = lambda rows: stats_mod.read(ctx.ptr, m.n_layer_all, f.n_expert, f.n_expert_used, rows)  # noqa: E731
-        runner = TierRunner(m.ptr, plan, tier, CHEAP, read, n_expert=f.n_expert, k=f.n_expert_used, wait=True)
-        try:
-            got = _script(ctx, runner)
-        finally:
-            runner.close()
-        assert_identical(stock, got, f"tier of {tier}")
-        assert runner.counts.landed >= 5 and runner.counts.failed == 0     # the tier did move
-        assert runner.plan != plan and all(runner.plan.slots_of(il)[:6 - tier] == plan.slots_of(il)[:6 - tier]
-                                           for il in f.moe_layers)        # the core never moves
 
 
 def _reply(e: Engine, ask: str) -> str:
@@ -77,7 +37,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
     texts = {}
     for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6)):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=True, policy=policy,
-                                slots=SlotPlan.uniform([1, 2], slots, 16) if slots else 0, tier_wait=True))
+                                slots=SlotPlan.uniform([1, 2], slots, 16) if slots else 0))
         try:
             texts[policy, slots] = [_reply(e, "tell me about the experts"), _reply(e, "and more")]
             snap = e.snapshot()
@@ -97,12 +57,15 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
     assert len({tuple(v) for v in texts.values()}) == 1, texts
 
 
-def test_the_simulator_predicts_the_engine(tiny_glm: Path) -> None:
-    """The Engine's hybrid tier on replayed routing (the bundled chat trace), each commit waiting for its copy: the
-    native stats' hits, the tier's hits and its uploads equal the simulator's on the same rows, from the same core,
-    first tier and costs."""
+def test_the_simulator_predicts_the_engine(tiny_glm: Path, cfg_home: Path) -> None:
+    """The Engine's hybrid tier on replayed routing (the bundled chat trace): the native stats' hits, the tier's
+    hits, its uploads and the CPU misses equal the simulator's on the same rows, from the same core, first tier and
+    costs (a calibration where an upload costs what a CPU expert does: about half the misses go up)."""
+    calibrate.save(calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="m", slab_mb=1.0,
+                                         upload_pageable_gbps=1.0, upload_pinned_gbps=1.0, cpu_gbps=1.0, base_ms=1.0,
+                                         method="split"))
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=64, mtp=False, policy="hybrid",
-                            tier=3, slots=SlotPlan.uniform([1, 2], 8, 16, offset=5), tier_wait=True))
+                            tier=3, slots=SlotPlan.uniform([1, 2], 8, 16, offset=5)))
     try:
         f = e.model.facts
         table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
@@ -112,32 +75,34 @@ def test_the_simulator_predicts_the_engine(tiny_glm: Path) -> None:
         plan0, cost = runner.plan, runner.cost
         stats_mod.reset(e.ctx.ptr)
         _reply(e, "hi")
-        n, end = runner.counts.tokens, e.ctx.n_past
+        n, end = runner.tokens, e.ctx.n_past
         assert n >= 60
         P = table.per_layer([1, 2])[end - n:end]                            # the decode positions' rows
         core, first = masks(plan0, 3, f.n_expert)
         sim = simulate_hybrid(P, core, 3, cost, initial=first, mech=ENGINE)
         st = e.ctx.read_stats()
         assert st.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
-        assert runner.counts.landed == round(sim.prefetch_per_token * n) > 5
+        assert runner.counts.uploads == round(sim.sync_uploads_per_token * n) > 5
         assert runner.counts.tier_hits == round(sim.tier_hit_rate * sim.hit_rate * n * 2 * 4)
+        assert runner.counts.cpu == round(sim.cpu_picks_per_token * n)
         snap = e.snapshot()
-        assert snap.split_per_token[2] * n == pytest.approx(int(st.misses.sum()))
+        assert snap.split_per_token[2] * n == pytest.approx(runner.counts.cpu)
+        assert snap.tier_uploads_per_token * n == pytest.approx(runner.counts.uploads)
     finally:
         e.close()
 
 
 def test_bench_rows_agree_with_their_simulator_column(tiny_glm: Path) -> None:
-    """`bench repick --policy ... --tier-wait`: each row's measured hits and uploads are the simulator's; dear
-    uploads copy nothing and auto then keeps static."""
+    """`bench repick --policy ...`: each row's measured hits, uploads and CPU misses are the simulator's; dear uploads
+    copy nothing and auto then keeps static."""
     rows = tier_bench.run_tiers(tiny_glm, [8], ["hybrid", "dynamic"], [str(CHAT)], n_decode=48, profile_rows=256,
-                                threads=2, pack_host=True, cost=CHEAP, wait=True, log=lambda _: None)
+                                threads=2, pack_host=True, cost=CHEAP, log=lambda _: None)
     for r in rows:
         assert (r.hit_rate, r.uploads_per_token) == (pytest.approx(r.sim_hit_rate, abs=1e-12),
                                                      pytest.approx(r.sim_uploads_per_token, abs=1e-12))
         assert r.uploads_per_token > 0 and r.cpu_per_token == pytest.approx(r.sim_cpu_per_token)
     dear = tier_bench.run_tiers(tiny_glm, [8], ["hybrid", "auto"], [str(CHAT)], n_decode=24, profile_rows=256,
-                                threads=2, pack_host=True, cost=DEAR, wait=True, log=lambda _: None)
+                                threads=2, pack_host=True, cost=DEAR, log=lambda _: None)
     assert dear[0].uploads_per_token == dear[0].sim_uploads_per_token == 0
     assert dear[1].tier == 0 and dear[1].chosen.startswith("static")
 
@@ -199,30 +164,21 @@ def test_policy_and_repick_are_one_or_the_other(tiny_glm: Path) -> None:
         e.close()
 
 
-def test_a_failed_copy_stops_the_tier_not_the_reply(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A commit the cache refuses mid-reply: the reply ends normally, a notice says the tier stopped, the policy is
-    static again and the engine's plan is what the cache holds (every resident answers `swap` as already placed)."""
+def test_repicks_take_over_from_what_the_tier_left(tiny_glm: Path) -> None:
+    """F3 during a dynamic tier: the tier stops, and the engine's plan is what the cache holds then (every resident
+    answers `swap` as already in its slot), so re-picks start from the real slots."""
     from moeslots.engine import cache
 
-    real, calls = cache.commit, []
-
-    def flaky(ptr: int, il: int, slot: int) -> None:
-        calls.append(il)
-        if len(calls) == 4:
-            raise cache.CacheError("refused for the test", -1)
-        real(ptr, il, slot)
-
-    monkeypatch.setattr(cache, "commit", flaky)
+    start = SlotPlan.uniform([1, 2], 6, 16)
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=False, policy="dynamic",
-                            slots=SlotPlan.uniform([1, 2], 6, 16), tier_wait=True))
+                            slots=start))
     try:
-        assert len(_reply(e, "tell me about the experts")) > 0 and len(calls) >= 4
-        assert any("dynamic tier stopped" in n for n in e.notices)
-        snap = e.snapshot()
-        assert snap.policy == "static" and e.residency.tier is None and "stopped" in snap.policy_line
-        assert e._plan != SlotPlan.uniform([1, 2], 6, 16)                       # three commits went in
+        assert len(_reply(e, "tell me about the experts")) > 0
+        assert e.residency.tier is not None and e.residency.tier.counts.uploads > 0
+        e.set_repick(1000)                                                     # F3: re-picks (none due yet)
+        assert e.residency.tier is None and e._plan != start
         for il, experts in e._plan.layers.items():
             assert all(cache.swap(e.model.ptr, il, slot, x) == 0 for slot, x in enumerate(experts))
-        _reply(e, "and more")                                                  # the chat goes on, static
+        _reply(e, "and more")                                                  # the chat goes on
     finally:
         e.close()

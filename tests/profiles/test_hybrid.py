@@ -69,21 +69,21 @@ def test_a_tier_follows_drifting_routing_and_dear_uploads_keep_the_core() -> Non
     assert dear[1].sync_uploads_per_token == 0 and dear[0].ms_per_token <= dear[1].ms_per_token
 
 
-def test_the_engine_mechanism_lands_a_token_later_one_per_layer() -> None:
-    """IDEAL: a prefetch decided at token t is resident at t + 1; ENGINE (the cache today): staged while t + 1
-    decodes, committed after it, resident at t + 2; one copy per layer in flight; no uploads now."""
+def test_the_staged_mechanism_lands_a_token_later_one_per_layer() -> None:
+    """IDEAL: a prefetch decided at token t is resident at t + 1; STAGED: a prefetch staged while t + 1 decodes,
+    committed after it, resident at t + 2; one copy per layer in flight; no uploads now."""
     P = np.zeros((4, 1, 1), np.int32)                          # expert 0, four times; the tier holds expert 7
     core, first = np.zeros((1, 8), bool), np.zeros((1, 8), bool)
     first[0, 7] = True
     cost = CostModel(slab_mb=1.0, pcie_gbps=1e6)
     ideal = hybrid.simulate_hybrid(P, core, 1, cost, initial=first)
-    eng = hybrid.simulate_hybrid(P, core, 1, cost, initial=first, mech=hybrid.ENGINE)
+    eng = hybrid.simulate_hybrid(P, core, 1, cost, initial=first, mech=hybrid.STAGED)
     assert (ideal.hit_rate, eng.hit_rate) == (0.75, 0.5)
     assert ideal.sync_uploads_per_token == 1 / 4 and eng.sync_uploads_per_token == 0   # ideal uploaded it at once
     P2 = np.array([[[0, 1]], [[2, 3]], [[0, 1]], [[0, 1]]], np.int32)   # two misses a token, a tier of 2
     first2 = np.zeros((1, 8), bool)
     first2[0, 6:] = True
-    rule = hybrid.Tier(core, 2, cost, initial=first2, mech=hybrid.ENGINE)
+    rule = hybrid.Tier(core, 2, cost, initial=first2, mech=hybrid.STAGED)
     s0 = rule.step(P2[0])
     assert [p[:2] for p in s0.prefetches] == [(0, 1)] and rule.pending == {0: (1, 6)}   # one, the higher id on
     assert rule.step(P2[1]).prefetches == []                                          # ties; none while in flight
@@ -126,3 +126,21 @@ def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     assert ideal.returncode == 0 and "| 0 + 16 | dynamic |" in ideal.stdout and "ideal:" in ideal.stdout
     mixed = run("--slots", "16", "--policy", "hybrid", "--policy", "lru")
     assert mixed.returncode == 2 and "runs alone" in mixed.stderr
+
+
+def test_the_native_mechanism_uploads_now_and_never_transiently() -> None:
+    """NATIVE (the engine's): misses split between CPU and uploads now; an upload needs a tier entry the token does
+    not pick (IDEAL would make a transient copy), and nothing is prefetched."""
+    core = np.zeros((1, 8), bool)
+    first = np.zeros((1, 8), bool)
+    first[0, 6] = True                                          # a tier of one, holding expert 6
+    cost = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0)   # even: half the misses go up
+    rule = hybrid.Tier(core, 1, cost, initial=first, mech=hybrid.NATIVE)
+    s = rule.step(np.array([[0, 1]]))                            # two misses: one up (into 6's entry), one CPU
+    assert s.uploads_now == [(0, 0)] and s.cpu == 1 and s.prefetches == []
+    assert rule.in_tier[0, 0] and not rule.in_tier[0, 6]
+    s = rule.step(np.array([[0, 2]]))                            # 0 is a tier hit; 2 would need 0's entry: CPU
+    assert (s.tier_hits, s.uploads_now, s.cpu) == (1, [], 1)
+    ideal = hybrid.Tier(core, 1, cost, initial=first, mech=hybrid.IDEAL)
+    ideal.step(np.array([[0, 1]]))
+    assert ideal.step(np.array([[0, 2, 3]])).uploads_now == [(0, 2)]   # IDEAL: a transient copy of 2

@@ -157,7 +157,7 @@ async def test_the_inspector_follows_the_width_both_ways(store: Store) -> None:
 
 
 class TierEngine(FakeEngine):
-    """A snapshot with a dynamic tier in force (engine.hybrid_tier: --policy hybrid)."""
+    """A snapshot with a dynamic tier in force (engine.native_tier: --policy hybrid)."""
 
     def snapshot(self):  # noqa: ANN201
         return dataclasses.replace(super().snapshot(), policy="hybrid", tier_slots=2,

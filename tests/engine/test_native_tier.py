@@ -1,0 +1,133 @@
+"""The engine's own dynamic tier (patch 0007, engine.native_tier): uploads now into the tier's slots, decided inside
+the graph per layer and token. It never changes the output (bit-identical logits to the stock run for prompts, one-
+token decodes and multi-token batches, hybrid and dynamic), and the simulator (profiles.hybrid with the NATIVE
+mechanism) predicts its hits, uploads and CPU misses exactly on replayed routing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exactness import _tokens, assert_identical
+from moeslots.engine import native_tier, replay
+from moeslots.engine import stats as stats_mod
+from moeslots.engine.cache import CacheError, SlotPlan, swap
+from moeslots.engine.native_tier import masks
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.hybrid import NATIVE, simulate_hybrid
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
+EVEN = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)      # half the misses go up
+CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)     # every miss goes up
+DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)    # none does
+CHUNKS = [1, 2, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 8, 1, 1, 1]
+
+
+def _script(ctx: Context) -> list[np.ndarray]:
+    """A prompt, then decode batches of 1..8 tokens (one-token batches step the tier); every row's logits."""
+    ctx.reset()
+    out: list[np.ndarray] = []
+    prompt = _tokens(ctx.model.n_vocab, 20, 0)
+    ctx.decode(prompt, all_logits=True, prompt=True)
+    out += [ctx.logits(i).copy() for i in range(len(prompt))]
+    toks = _tokens(ctx.model.n_vocab, sum(CHUNKS), 1)
+    pos = 0
+    for c in CHUNKS:
+        ctx.decode(toks[pos:pos + c], all_logits=True)
+        out += [ctx.logits(i).copy() for i in range(c)]
+        pos += c
+    return out
+
+
+@pytest.mark.parametrize("tier", [2, 6])                   # hybrid (4 core + 2 tier), dynamic (all 6)
+def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        ctx.enable_stats(ring_rows=4096)
+        stock = _script(ctx)
+        plan = SlotPlan.uniform(f.moe_layers, 6, f.n_expert)
+        m.set_slots(plan, pack_host=True)
+        t = native_tier.NativeTier(m.ptr, plan, tier, EVEN)
+        try:
+            got = _script(ctx)
+            t.step()
+            c, now = t.counts, t.refresh()
+        finally:
+            t.close()
+        assert_identical(stock, got, f"tier of {tier}")
+        ones = CHUNKS.count(1)
+        assert c.layer_tokens == ones * len(f.moe_layers)            # one-token batches step it, the others do not
+        assert c.uploads >= 5 and c.cpu > 0                          # EVEN: misses split both ways
+        assert now != plan and all(now.slots_of(il)[:6 - tier] == plan.slots_of(il)[:6 - tier]
+                                   for il in f.moe_layers)           # the core never moves
+        assert all(len(set(now.slots_of(il))) == 6 for il in f.moe_layers)
+
+
+def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, cost: CostModel, n: int,
+              table: replay.ReplayTable) -> tuple[native_tier.TierCounts, "stats_mod.RoutingStats"]:
+    m.set_slots(plan, pack_host=True)
+    ctx.reset()
+    replay.set_replay(ctx.ptr, table)
+    toks = _tokens(m.n_vocab, 8 + n, 2)
+    ctx.decode(toks[:8], prompt=True)
+    stats_mod.reset(ctx.ptr)
+    t = native_tier.NativeTier(m.ptr, plan, tier, cost)
+    try:
+        for tok in toks[8:]:
+            ctx.decode([tok])
+            t.step()
+        return t.counts, ctx.read_stats()
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("cost", [EVEN, CHEAP, DEAR], ids=["even", "cheap", "dear"])
+@pytest.mark.parametrize("slots,tier", [(8, 3), (8, 8)])
+def test_the_simulator_predicts_the_engine(tiny_glm: Path, cost: CostModel, slots: int, tier: int) -> None:
+    """The bundled chat trace replayed, positions 8.. decoded one token at a time: the engine's core hits, tier hits,
+    uploads and CPU misses equal the simulator's (NATIVE: uploads now, no prefetch) on the same rows, core, first
+    tier and costs; the native stats' hit rate too. (Checked: against the simulator with prefetches on, it fails.)"""
+    n = 80
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        ctx.enable_stats(ring_rows=0)
+        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
+        plan = SlotPlan.uniform(trunk, slots, f.n_expert, offset=5)
+        c, st = _replayed(m, ctx, plan, tier, cost, n, table)
+        P = table.per_layer(trunk)[8:8 + n]
+        core, first = masks(plan, tier, f.n_expert)
+        sim = simulate_hybrid(P, core, tier, cost, initial=first, mech=NATIVE)
+        L, k = len(trunk), f.n_expert_used
+        assert c.layer_tokens == n * L
+        assert c.core_hits + c.tier_hits == round(sim.hit_rate * n * L * k)
+        assert c.tier_hits == round(sim.tier_hit_rate * sim.hit_rate * n * L * k)
+        assert c.uploads == round(sim.sync_uploads_per_token * n)
+        assert c.cpu == round(sim.cpu_picks_per_token * n)
+        assert st.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
+        if cost is DEAR:
+            assert c.uploads == 0 and c.bytes == 0
+        else:
+            assert c.uploads > 10 and c.bytes == c.uploads * f.slab_bytes
+
+
+def test_the_tier_owns_its_slots(tiny_glm: Path) -> None:
+    """While a tier is on, swaps are refused (the tier moves those slots); a tier larger than a layer's slots is
+    refused and changes nothing; off again, swaps work."""
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        plan = SlotPlan.uniform(trunk, 6, f.n_expert)
+        m.set_slots(plan, pack_host=True)
+        with pytest.raises(CacheError):
+            native_tier.set_tier(m.ptr, 7, EVEN)
+        assert native_tier.set_tier(m.ptr, 2, EVEN) == len(trunk)
+        with pytest.raises(CacheError):
+            swap(m.ptr, trunk[0], 0, 12)
+        assert native_tier.residents(m.ptr, trunk[0], 2) == plan.slots_of(trunk[0])[4:]
+        native_tier.set_tier(m.ptr, 0, None)
+        assert swap(m.ptr, trunk[0], 0, 12) > 0
