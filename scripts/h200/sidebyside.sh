@@ -43,6 +43,10 @@ EOF
     sleep 5
   done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null; tail -3 $B/llb-build.txt 2>/dev/null
+  if [ -f /tmp/site/.moeslots-cuda ]; then   # the tier's placement and uploads with the pack on the GPU
+    ( cd /tmp && MOESLOTS_TEST_PACK=gpu timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+        $R/tests/engine/test_native_tier.py 2>&1 | tail -15 )
+  fi
 else
   # STAGE=run starts the measurement (unless it is running or done), STAGE=collect only waits; both return after
   # LIMIT s (default 540) with the table of what has finished, the rest still running for a later STAGE=collect

@@ -36,7 +36,7 @@ shift 2
 [[ -x $BENCH ]] || die "llama-bench not found or not executable: $BENCH (build it with build.sh)"
 
 OUT=sidebyside-out SLOTS=32,64 THREADS=16,6 LOADS=pinned,mmap ROUTINGS=random
-POLICIES=static,hybrid,dynamic,auto NGEN=64 NPROMPT=512 REPS=2 PROFILE_ROWS=1024 DRY=0 LLAMA_ARGS=()
+POLICIES=static,hybrid,dynamic,auto NGEN=64 NPROMPT=512 REPS=2 PROFILE_ROWS=1024 DRY=0 LLAMA_ARGS=() FAILED=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --out) OUT=$2; shift 2 ;;
@@ -118,7 +118,7 @@ go() {     # LOG CMD...: run (or print) one command, its stderr to LOG
     echo "+ $*" >&2
     [[ $DRY == 1 ]] && return 0
     local t0=$SECONDS
-    "$@" 2> "$log" || { tail -5 "$log" >&2; die "failed (log: $log): $*"; }
+    "$@" 2> "$log" || { tail -5 "$log" >&2; echo "run.sh: failed, going on (log: $log): $*" >&2; FAILED=1; return 1; }
     echo "  ($((SECONDS - t0)) s)" >&2
 }
 
@@ -134,7 +134,7 @@ for load in "${loads[@]}"; do
             [[ -n ${TABLE[$name]} ]] && env=(env "LLAMA_MOE_REPLAY=${TABLE[$name]}")
             note llama.cpp "$load" "$t" "$name" "$res" "${env[*]:+${env[*]} }${cmd[*]}"
             if [[ $DRY == 1 ]]; then go /dev/null "${env[@]}" "${cmd[@]}"; continue; fi
-            go "${res%.json}.log" "${env[@]}" "${cmd[@]}" > "$res"
+            go "${res%.json}.log" "${env[@]}" "${cmd[@]}" > "$res" || continue
             if [[ -n ${TABLE[$name]} ]] && ! grep -q "^llama_moe_replay: " "${res%.json}.log"; then
                 die "$BENCH ignored LLAMA_MOE_REPLAY: build it from prepare.sh's patched source"
             fi
@@ -143,8 +143,9 @@ for load in "${loads[@]}"; do
         cmd=("${M[@]}" bench repick "$MODEL" --every 0 --policy "$POLICIES" --slots "$SLOTS" --replay "$replays"
              --threads "$t" -n "$NGEN" --profile-rows "$PROFILE_ROWS" "${mm[@]}" "${PACK[@]}" --json "$res")
         note moeslots "$load" "$t" "" "$res" "${cmd[*]}"
-        if [[ $DRY == 1 ]]; then go /dev/null "${cmd[@]}"; else go "${res%.json}.log" "${cmd[@]}" > "${res%.json}.out"; fi
+        if [[ $DRY == 1 ]]; then go /dev/null "${cmd[@]}"; else go "${res%.json}.log" "${cmd[@]}" > "${res%.json}.out" || true; fi
     done
 done
 [[ $DRY == 1 ]] && exit 0
 "$PYTHON" -P "$HERE/table.py" "$OUT"
+[[ $FAILED == 0 ]] || die "some runs failed: the table leaves them out (their logs are in $RAW)"

@@ -5,6 +5,7 @@ mechanism) predicts its hits, uploads and CPU misses exactly on replayed routing
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,19 @@ EVEN = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base
 CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)     # every miss goes up
 DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)    # none does
 CHUNKS = [1, 2, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 8, 1, 1, 1]
+# MOESLOTS_TEST_PACK=gpu (a CUDA engine): the pack and the tier's uploads on the GPU. Placement counts must then
+# still equal the simulator's; logits agree with stock to GPU rounding (the GPU computes the slots' experts), not bits.
+ON_GPU = os.environ.get("MOESLOTS_TEST_PACK", "host") == "gpu"
+PACK_HOST = not ON_GPU
+
+
+def _same(stock: list[np.ndarray], got: list[np.ndarray], what: str) -> None:
+    if not ON_GPU:
+        assert_identical(stock, got, what)
+        return
+    for i, (x, y) in enumerate(zip(stock, got)):
+        rel = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-30))
+        assert rel < 2e-2, f"{what}: row {i} differs by {rel:.3g} of its scale on the GPU"
 
 
 def _script(ctx: Context) -> list[np.ndarray]:
@@ -50,7 +64,7 @@ def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
         ctx.enable_stats(ring_rows=4096)
         stock = _script(ctx)
         plan = SlotPlan.uniform(f.moe_layers, 6, f.n_expert)
-        m.set_slots(plan, pack_host=True)
+        m.set_slots(plan, pack_host=PACK_HOST)
         t = native_tier.NativeTier(m.ptr, plan, tier, EVEN)
         try:
             got = _script(ctx)
@@ -58,7 +72,7 @@ def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
             c, now = t.counts, t.refresh()
         finally:
             t.close()
-        assert_identical(stock, got, f"tier of {tier}")
+        _same(stock, got, f"tier of {tier}")
         ones = CHUNKS.count(1)
         assert c.layer_tokens == ones * len(f.moe_layers)            # one-token batches step it, the others do not
         assert c.uploads >= 5 and c.cpu > 0                          # EVEN: misses split both ways
@@ -69,7 +83,7 @@ def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
 
 def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, cost: CostModel, n: int,
               table: replay.ReplayTable) -> tuple[native_tier.TierCounts, "stats_mod.RoutingStats"]:
-    m.set_slots(plan, pack_host=True)
+    m.set_slots(plan, pack_host=PACK_HOST)
     ctx.reset()
     replay.set_replay(ctx.ptr, table)
     toks = _tokens(m.n_vocab, 8 + n, 2)
@@ -122,7 +136,7 @@ def test_the_tier_owns_its_slots(tiny_glm: Path) -> None:
         f = m.facts
         trunk = [il for il in f.moe_layers if il < f.n_layer]
         plan = SlotPlan.uniform(trunk, 6, f.n_expert)
-        m.set_slots(plan, pack_host=True)
+        m.set_slots(plan, pack_host=PACK_HOST)
         with pytest.raises(CacheError):
             native_tier.set_tier(m.ptr, 7, EVEN)
         assert native_tier.set_tier(m.ptr, 2, EVEN) == len(trunk)
