@@ -30,7 +30,7 @@ from . import stats as stats_mod
 from .api import Done, EngineConfig, LayerSnapshot, Message, Sampling, Snapshot, TextDelta, TurnStats
 from .cache import SlotPlan
 from .errors import EngineError
-from .model import Context, Detokenizer, LoadOptions, Model
+from .model import Context, Detokenizer, LoadOptions, Model, default_threads
 from . import mtp as mtp_mod
 from .mtp import MTP, sample
 from .mtp_auto import AdaptiveMTP
@@ -153,7 +153,7 @@ class Engine:
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
         return calibrate.costs_for(self.model.facts.slab_bytes, pinned=not self.model.opts.use_mmap,
-                                   threads=self.cfg.threads)
+                                   threads=self.cfg.threads or default_threads())
 
     def explain_slots(self) -> str:
         """One line on the slot count in use: what fits, and what the active profile predicts for it."""

@@ -19,7 +19,7 @@ from ...profiles.simulate import layer_counts, reelect, resident_from_plan, run_
 from .. import cache, calibrate, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
-from ..model import Context, LoadOptions, Model
+from ..model import Context, LoadOptions, Model, default_threads
 from ..residency import AUTO_EVERY
 
 
@@ -69,7 +69,7 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]
     slab_mb = f.slab_bytes / 1e6
-    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap)[0]
+    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=threads or default_threads())[0]
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
     ctx.enable_stats(ring_rows=(window + 8) * (len(moe) + 2))
     rng = np.random.default_rng(0)

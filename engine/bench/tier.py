@@ -22,7 +22,7 @@ from .. import calibrate, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
 from ..native_tier import NativeTier, masks
-from ..model import Context, LoadOptions, Model
+from ..model import Context, LoadOptions, Model, default_threads
 
 
 @dataclasses.dataclass
@@ -56,8 +56,8 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]
-    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap)[0]
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
+    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=threads or default_threads())[0]
     ctx.enable_stats(ring_rows=64 * (len(moe) + 2))
     toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n_decode + 16)]
     rows: list[TierRow] = []

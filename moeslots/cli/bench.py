@@ -95,7 +95,7 @@ def cmd_mtp(a: argparse.Namespace) -> int:
 def cmd_repick(a: argparse.Namespace) -> int:
     from ..engine import calibrate
     from ..engine.bench import repick, tier
-    from ..engine.model import inspect_gguf
+    from ..engine.model import default_threads, inspect_gguf
     from ..profiles.policy import POLICIES
 
     if a.every is None and a.policy is None:
@@ -110,7 +110,8 @@ def cmd_repick(a: argparse.Namespace) -> int:
         raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
     slots = _engine_setup(a)
     intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
-    cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap)
+    cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap,
+                                       threads=a.threads or default_threads())
     routings = [r for r in a.replay.split(",") if r.strip()]
     print(f"cost model for the simulator: {source}")
     out: dict = {}

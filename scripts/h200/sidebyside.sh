@@ -31,13 +31,6 @@ if [ "$STAGE" = build ]; then
       > /dev/null 2>&1 &
   [ -f /tmp/big.gguf ] || { ( cd /tmp && time $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 \
       && mv /tmp/big.part.gguf /tmp/big.gguf ); tail -2 $B/synth-big.txt; }
-  python3 -P - <<'EOF'
-from moeslots.engine import calibrate
-c = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="big.gguf", slab_mb=2.654208,
-                          upload_pageable_gbps=5.34, upload_pinned_gbps=26.8, cpu_gbps=63.4, base_ms=4.4,
-                          method="split", threads=16, cpu_threads=(6, 16), cpu_gbps_threads=(31.1, 63.4))
-print("costs written:", calibrate.save(c), c.render())
-EOF
   while [ $(( $(date +%s) - START )) -lt "$WAIT" ]; do
     grep -q "build rc" $B/build.txt 2>/dev/null && grep -q "llb rc" $B/llb-build.txt 2>/dev/null && break
     sleep 5
@@ -58,6 +51,13 @@ else
   tail -2 $B/build.txt; tail -3 $B/llb-build.txt
   if [ "$STAGE" = run ] && [ ! -f $B/sbs.started ]; then
     touch $B/sbs.started; $M doctor | head -3
+  python3 -P - <<'EOF'
+from moeslots.engine import calibrate
+c = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="big.gguf", slab_mb=2.654208,
+                          upload_pageable_gbps=5.34, upload_pinned_gbps=26.8, cpu_gbps=63.4, base_ms=4.4,
+                          method="split", threads=16, cpu_threads=(6, 16), cpu_gbps_threads=(31.1, 63.4))
+print("costs written:", calibrate.save(c), c.render())
+EOF
     if [ -x $L/build/bin/llama-bench ]; then
       setsid nohup bash -c "PYTHON=python3 bash scripts/sidebyside/run.sh /tmp/big.gguf $L/build/bin/llama-bench \
           --out /tmp/sbs --routing '$ROUTING' -n $N -r $REPS --policies ${POLICIES:-static,hybrid,dynamic,auto} \

@@ -113,6 +113,18 @@ def cfg_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def test_bench_takes_the_cpu_rate_of_its_thread_count(tiny_glm: Path, cfg_home: Path) -> None:
+    """A calibration with the CPU rate by thread count: `bench repick --policy` at 1 thread splits misses by the
+    1-thread rate (slow CPU: every miss uploaded), at 2 threads by the 2-thread one (fast CPU: none)."""
+    calibrate.save(calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="m", slab_mb=1.0,
+                                         upload_pageable_gbps=1.0, upload_pinned_gbps=0.0, cpu_gbps=1.0, base_ms=1.0,
+                                         method="split", threads=2, cpu_threads=(1, 2), cpu_gbps_threads=(1e-6, 1e6)))
+    got = {t: tier_bench.run_tiers(tiny_glm, [8], ["dynamic"], [str(CHAT)], n_decode=16, profile_rows=256, threads=t,
+                                   pack_host=True, log=lambda _: None)[0] for t in (1, 2)}
+    assert got[1].cpu_per_token == 0 and got[1].uploads_per_token > 0
+    assert got[2].uploads_per_token == 0 and got[2].cpu_per_token > 0
+
+
 def _drift_profile(path: Path) -> Path:
     """Experts 0-3 for 300 tokens, then 8-11: a profile whose second half a static core from its first misses."""
     path.write_text("# arch=glm4moe n_layer=4 n_expert=16 k=4\npos,layer,id0,id1,id2,id3\n" + "".join(
