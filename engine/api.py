@@ -170,7 +170,7 @@ class Snapshot:
     policy_line: str = ""                 # the policy in force, or `--policy auto`'s decision and why ("" no slots)
     split_per_token: tuple[float, float, float] = (0.0, 0.0, 0.0)   # decode picks per token served by the core
                                           # slots, by the tier, computed on the CPU (static: tier 0)
-    tier_uploads_per_token: float = 0.0   # tier copies committed per decode token (prefetches, overlapped)
+    tier_uploads_per_token: float = 0.0   # misses uploaded into the tier per decode token (used in that token)
 
 
 class Engine(Protocol):

@@ -33,7 +33,8 @@ TIPS = {
     "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
     "split": "share of the decode expert picks served from slots vs computed from host memory",
     "uploads": "with a dynamic tier (--policy hybrid|dynamic): expert picks per token served by the static slots, by "
-               "the tier and on the CPU, and tier copies per token (prefetched while decoding); then weight bytes "
+               "the tier and on the CPU, and the misses uploaded into the tier per token (computed on the GPU in the same "
+               "token); then weight bytes "
                "copied to the GPU per decode token (0 with a static cache), experts computed on the "
                "CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
@@ -120,7 +121,7 @@ class Inspector(Vertical):
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
         core, tier, cpu = snap.split_per_token
         tiered = (f"per token: slots {core:.1f} · tier {tier:.1f} · CPU {cpu:.1f} experts, "
-                  f"{snap.tier_uploads_per_token:.2f} tier copies\n" if snap.tier_slots else "")
+                  f"{snap.tier_uploads_per_token:.2f} uploaded\n" if snap.tier_slots else "")
         self._put("uploads", f"{tiered}uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "
                   f"{snap.cpu_experts_per_token:.1f}   pack {snap.pack_bytes / 2**20:.0f} MiB",
                   q("#uploads", Static).update)
