@@ -3,9 +3,12 @@
 Per decode token (sequential, no overlap): base (non-expert work) + picks served from VRAM x slab / GPU GB/s + picks
 computed in host memory x slab / CPU GB/s + slabs uploaded x slab / PCIe GB/s. A machine's own rates come from
 `moeslots doctor --calibrate` (engine.calibrate); without one, every user of costs takes the H200 box's here
-(shared/h200-box.md): CPU 80 GB/s (16 threads), GPU ~4000 GB/s, base 3.0 ms, a 3.06 MB slab (Qwen3-30B-A3B shape at
-Q4_K_M), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8 GB/s from pinned memory,
-5.3-6.7 GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static).
+(docs/lab/2026-12-04-h200-tier-sidebyside.md): CPU 63 GB/s (16 threads: the scheduler clock's compute time per
+expert), GPU ~4000 GB/s, a 3.06 MB slab (Qwen3-30B-A3B shape at Q4_K_M), base 8.8 ms = the GPU's 4.6 ms at full
+residency + 48 partly resident layers x 87 us, the CPU round trip each such layer pays every token (base is what a
+token costs with slots in every layer, apart from its experts: what `doctor --calibrate` measures, from 0 and S
+slots), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8 GB/s from pinned memory, 5.3-6.7
+GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ H200_UPLOAD_GBPS = {"pinned": 25.6, "pageable": 5.3}
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     slab_mb: float = 3.06
-    cpu_gbps: float = 80.0
+    cpu_gbps: float = 63.0
     pcie_gbps: float = H200_UPLOAD_GBPS["pinned"]
     gpu_gbps: float = 4000.0
-    base_ms: float = 3.0
+    base_ms: float = 8.8
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
         mb = self.slab_mb

@@ -7,8 +7,9 @@ PREFIX: the traces are PREFIX-{code,chat,prose}-{greedy,sampled}.npz (default: t
 profiles/data/moeslots-donor-qwen3-30b-a3b). Hit rates are scored on the second half of a trace (replies to other
 prompts than the first half's) and every static plan is out of sample: from the first half (same workload), from the
 other decode mode's trace (same workload), from the other workloads' sampled traces merged. Re-elect starts from the
-first-half plan; the hybrid policy (profiles/hybrid.py) gets a core of 3/4 of the slots from it and a dynamic tier of
-the other 1/4. Costs: the default cost model (the H200 box, a 3.06 MB slab: Qwen3-30B-A3B at Q4_K_M) for MB uploaded.
+first-half plan; the hybrid policy (profiles/hybrid.py, the engine's mechanism: uploads now, no prefetch) gets a core
+of 3/4 of the slots from it and a dynamic tier of the other 1/4. Costs: the default cost model (the H200 box, a
+3.06 MB slab: Qwen3-30B-A3B at Q4_K_M) for MB uploaded.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def curves(tr: dict[tuple[str, str], Trace], slots: list[int], cost: CostModel, 
                 return pct(simulate(t, s, ["static-profile"], train=src, cost=cost)[0].hit_rate) if src else "—"
 
             counts = from_trace(first, max(max(layers) + 1, first.n_layer), t.n_expert).counts[layers]
-            hy = hybrid.sweep(P, counts, s, cost, tiers=[s // 4])[0]
+            hy = hybrid.sweep(P, counts, s, cost, tiers=[s // 4], mech=hybrid.ENGINE)[0]
 
             def dyn(x: str) -> str:
                 return f"{pct(r[x].hit_rate)} ({r[x].mb_per_token(cost):.0f})"
