@@ -8,7 +8,8 @@
 #   scripts/train/donor.sh WORK [MINUTES] [cpu|cuda] [train-only]
 #     cpu:  2 cores, nice'd, one torch thread: step 150 of a 300-step schedule (153,600 tokens), the donor of
 #           docs/profiles.md (45 minutes on the shared, busy 2-core dev box; a fresh run stops at step 150 too)
-#     cuda: the H200 box, bf16 autocast, batch 64 x 256 (the issue's <= 15 minutes)
+#     cuda: the H200 box, bf16 autocast, batch 64 x 256 (the issue's <= 15 minutes); MAX_STEPS=N stops at step N
+#           whatever the time left (the kept traces' donor: MAX_STEPS=381, on the dev box's corpus and tokenizer)
 #
 # Needs python3 with torch + tokenizers (+ gguf and the moeslots engine for export/validate/record): PY=... picks
 # the interpreter. Writes WORK/{corpus/,tokenizer.json,tokens.npz,ckpt.pt,weights.pt,train.log,donor-f32.gguf,
@@ -26,7 +27,7 @@ COMMON=(--corpus "$W/corpus" --tokenizer "$W/tokenizer.json" --out "$W" --minute
         --mix code=0.34,prose=0.33,chat=0.33 --seed 0 --log-every 10 --save-every 120)
 if [ "$DEV" = cuda ]; then
   "$PY" "$D/train.py" "${COMMON[@]}" --device cuda --batch 64 --seq 256 --lr 3e-3 --warmup 100 --steps 3000 \
-    2>&1 | tee -a "$W/train.log"
+    ${MAX_STEPS:+--max-steps "$MAX_STEPS"} 2>&1 | tee -a "$W/train.log"
 else
   nice -n 10 "$PY" "$D/train.py" "${COMMON[@]}" --device cpu --threads 1 --batch 4 --seq 256 --lr 3e-3 --warmup 30 \
     --steps 300 --max-steps 150 2>&1 | tee -a "$W/train.log"
