@@ -121,7 +121,7 @@ class Inspector(Vertical):
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
         core, tier, cpu = snap.split_per_token
         tiered = (f"per token: slots {core:.1f} · tier {tier:.1f} · CPU {cpu:.1f} experts, "
-                  f"{snap.tier_uploads_per_token:.2f} uploaded\n" if snap.tier_slots else "")
+                  f"{snap.tier_uploads_per_token:.2f} into the tier\n" if snap.tier_slots else "")
         self._put("uploads", f"{tiered}uploaded/token {snap.upload_mb_per_token:.1f} MB   CPU experts/token "
                   f"{snap.cpu_experts_per_token:.1f}   pack {snap.pack_bytes / 2**20:.0f} MiB",
                   q("#uploads", Static).update)

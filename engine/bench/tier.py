@@ -43,16 +43,23 @@ class TierRow:
     sim_cpu_per_token: float
     sim_ms_per_token: float
     chosen: str = ""                 # auto: its one-line reason
+    reps: int = 1                    # measurements of this row (interleaved with the other policies'): decode_tok_s
+    tok_s_min: float = 0.0           # and ms_per_token_median are their medians, these their range
+    tok_s_max: float = 0.0
 
 
 def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
               tier: int | None = None, n_decode: int = 128, profile_rows: int = 1024, threads: int | None = None,
-              mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None,
+              mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None, reps: int = 1,
               log: Callable[[str], None] = print) -> list[TierRow]:
     """For each routing (a trace CSV or "uniform") replayed through the router: the plan of S slots is the top-S of
     the first `profile_rows` rows; its last D slots are the tier; the timed decode replays the rows after them, the
     engine's tier deciding every token's uploads. The simulator runs the same rows from the same core, tier and
-    costs."""
+    costs. reps > 1: each policy's row is measured reps times, the policies taking turns in alternating order (a
+    drift of the machine's speed over the run then reaches every policy alike); the row is the median, with the
+    range."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, not {reps}")
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]
@@ -78,14 +85,19 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
             P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
             for s in slot_counts:
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
+                tiers: dict[str, tuple[int, str]] = {}
                 for pol in policies:
-                    why = ""
                     if pol == "auto":
                         _, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost)
+                        tiers[pol] = (d, why)
                     else:
-                        d = policy_mod.tier_slots(pol, s, tier)
-                    row = _one(m, ctx, plan, d, cost, toks, W, P, pack_host=pack_host)
-                    row = dataclasses.replace(row, routing=name, policy=pol, chosen=why)
+                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier), "")
+                runs: dict[str, list[TierRow]] = {pol: [] for pol in policies}
+                for rep in range(reps):
+                    for pol in (policies if rep % 2 == 0 else list(reversed(policies))):
+                        runs[pol].append(_one(m, ctx, plan, tiers[pol][0], cost, toks, W, P, pack_host=pack_host))
+                for pol in policies:
+                    row = dataclasses.replace(_median(runs[pol]), routing=name, policy=pol, chosen=tiers[pol][1])
                     rows.append(row)
                     log(render_tier_row(row))
     finally:
@@ -93,6 +105,15 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
         ctx.close()
         m.close()
     return rows
+
+
+def _median(rows: list[TierRow]) -> TierRow:
+    """One row from repeated measurements of one configuration: the counts are the same every time (the same rows,
+    the same rule), the speed is the median, with its range."""
+    tok = [r.decode_tok_s for r in rows]
+    return dataclasses.replace(rows[0], decode_tok_s=statistics.median(tok),
+                               ms_per_token_median=statistics.median(r.ms_per_token_median for r in rows),
+                               reps=len(rows), tok_s_min=min(tok), tok_s_max=max(tok))
 
 
 def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: list[int], W: np.ndarray,
@@ -140,7 +161,8 @@ TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hi
 
 def render_tier_row(r: TierRow) -> str:
     pol = r.policy if r.policy != "auto" else f"auto -> {policy_mod.name(r.slots, r.tier)}"
-    return (f"| {r.routing} | {r.slots} | {pol} | {r.slots - r.tier} + {r.tier} | {r.decode_tok_s:.1f} | "
+    tok = f"{r.decode_tok_s:.1f}" + (f" ({r.tok_s_min:.1f}–{r.tok_s_max:.1f})" if r.reps > 1 else "")
+    return (f"| {r.routing} | {r.slots} | {pol} | {r.slots - r.tier} + {r.tier} | {tok} | "
             f"{r.ms_per_token_median:.2f} | {100 * r.hit_rate:.1f} | {r.tier_hits_per_token:.2f} | "
             f"{r.cpu_per_token:.2f} | {r.uploads_per_token:.2f} | {r.mb_per_token:.2f} | {100 * r.sim_hit_rate:.1f} | "
             f"{r.sim_uploads_per_token:.2f} | {r.sim_cpu_per_token:.2f} | {r.sim_ms_per_token:.2f} |")

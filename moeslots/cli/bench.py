@@ -108,6 +108,8 @@ def cmd_repick(a: argparse.Namespace) -> int:
         raise UserError(f"--policy takes {','.join(POLICIES)} (comma-separated), not {a.policy!r}")
     if a.policy is not None and (a.profile_from or a.max_swaps != 4 or a.overlap) and not words:
         raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
+    if a.reps < 1:
+        raise UserError(f"--reps takes a count >= 1, not {a.reps}")
     slots = _engine_setup(a)
     intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
     cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap,
@@ -131,7 +133,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
             print(tier.TIER_HEADER)
             trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
                                    profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
-                                   pack_host=a.pack_host, cost=cost, log=print)
+                                   pack_host=a.pack_host, cost=cost, reps=a.reps, log=print)
             for r in trows:
                 if r.chosen:
                     print(f"auto at {r.slots} slots on {r.routing}: {r.chosen}")
@@ -207,6 +209,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "dynamic tier of --tier D slots), dynamic (all slots a tier), auto (chosen from the profile rows "
                    "under the cost model)")
     r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid: dynamic slots per layer (default S/4)")
+    r.add_argument("-r", "--reps", type=int, default=1, metavar="R",
+                   help="--policy rows: measure each R times, the policies taking turns (alternating order), and "
+                   "show the median tok/s with its range (default 1)")
     r.add_argument("--replay", default="uniform", metavar="TRACE,...|uniform",
                    help="the routings to replay (comma-separated traces and/or 'uniform'; default uniform)")
     r.add_argument("-n", "--n-decode", type=int, default=128, help="timed decode tokens per routing and policy")

@@ -5,7 +5,7 @@
 # auto) on one GGUF, experts in host memory, the same cache bytes: S slots per MoE layer for moeslots is
 # S x slab bytes x MoE layers MiB for llama.cpp. For each load mode x thread count x routing:
 #   llama-bench -ngl 99 -ot exps=CPU -fa 0 -p 512 -n N -r R -o json -lm none|mmap -t T --moe-cache-mib 0,MiB1,...
-#   moeslots bench repick MODEL --every 0 --policy ... --slots S1,... --replay ... [--no-mmap] --threads T -n N
+#   moeslots bench repick MODEL --every 0 --policy ... --slots S1,... --replay ... [--no-mmap] --threads T -n N -r R
 # then table.py writes OUT/sidebyside.json and OUT/sidebyside.md (both engines side by side, ratio per cell).
 #
 # Options (defaults in brackets):
@@ -17,7 +17,8 @@
 #                        uniform: both replay the same uniform random rows; a trace (csv/npz): both replay it
 #                        [random]
 #   --policies P1,P2     moeslots policies [static,hybrid,dynamic,auto]
-#   -n N / -p N / -r N   decode tokens (both engines), llama-bench prompt tokens and repetitions [64 / 512 / 2]
+#   -n N / -p N / -r N   decode tokens (both engines), llama-bench prompt tokens, repetitions (both engines: moeslots
+#                        takes the median of its repetitions, the policies taking turns) [64 / 512 / 2]
 #   --profile-rows N     routing rows that plan moeslots' slots (bench repick --profile-rows) [1024]
 #   --llama-args "A B"   more llama-bench flags, e.g. "--repack 0" (no repacked CPU weights)
 #   --dry-run            print the commands only
@@ -141,7 +142,7 @@ for load in "${loads[@]}"; do
         done
         res=$RAW/moeslots-$load-t$t.json
         cmd=("${M[@]}" bench repick "$MODEL" --every 0 --policy "$POLICIES" --slots "$SLOTS" --replay "$replays"
-             --threads "$t" -n "$NGEN" --profile-rows "$PROFILE_ROWS" "${mm[@]}" "${PACK[@]}" --json "$res")
+             --threads "$t" -n "$NGEN" -r "$REPS" --profile-rows "$PROFILE_ROWS" "${mm[@]}" "${PACK[@]}" --json "$res")
         note moeslots "$load" "$t" "" "$res" "${cmd[*]}"
         if [[ $DRY == 1 ]]; then go /dev/null "${cmd[@]}"; else go "${res%.json}.log" "${cmd[@]}" > "${res%.json}.out" || true; fi
     done

@@ -113,6 +113,24 @@ def cfg_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def test_bench_repeats_rows_and_reports_their_median(tiny_glm: Path) -> None:
+    """`bench repick --policy ... -r 3`: one row per policy, measured three times (counts unchanged, the speed the
+    median of the three, with its range), and the same counts as one measurement."""
+    one = tier_bench.run_tiers(tiny_glm, [8], ["static", "dynamic"], [str(CHAT)], n_decode=16, profile_rows=256,
+                               threads=2, pack_host=True, cost=CHEAP, log=lambda _: None)
+    lines: list[str] = []
+    three = tier_bench.run_tiers(tiny_glm, [8], ["static", "dynamic"], [str(CHAT)], n_decode=16, profile_rows=256,
+                                 threads=2, pack_host=True, cost=CHEAP, reps=3, log=lines.append)
+    assert [r.policy for r in three] == ["static", "dynamic"] and all(r.reps == 3 for r in three)
+    for a, b in zip(one, three):
+        assert (a.hit_rate, a.uploads_per_token, a.cpu_per_token) == (b.hit_rate, b.uploads_per_token, b.cpu_per_token)
+        assert a.reps == 1 and b.tok_s_min <= b.decode_tok_s <= b.tok_s_max
+    assert len(lines) == 2 and all("–" in ln.split("|")[5] for ln in lines)        # "median (min–max)"
+    with pytest.raises(ValueError):
+        tier_bench.run_tiers(tiny_glm, [8], ["static"], [str(CHAT)], n_decode=16, profile_rows=256, reps=0,
+                             pack_host=True, log=lambda _: None)
+
+
 def test_bench_takes_the_cpu_rate_of_its_thread_count(tiny_glm: Path, cfg_home: Path) -> None:
     """A calibration with the CPU rate by thread count: `bench repick --policy` at 1 thread splits misses by the
     1-thread rate (slow CPU: every miss uploaded), at 2 threads by the 2-thread one (fast CPU: none)."""

@@ -167,13 +167,13 @@ class TierEngine(FakeEngine):
 
 async def test_the_inspector_shows_the_tier_and_the_split_per_token(store: Store) -> None:
     """--policy hybrid|dynamic: the policy line names core and tier, and the picks per token are split three ways
-    (slots, tier, CPU) with the tier's copies per token; a static cache shows no tier line."""
+    (slots, tier, CPU) with the misses uploaded into the tier per token; a static cache shows no tier line."""
     app = MoeslotsApp(TierEngine(), store=store)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0.4)
         assert _text(app, "#profile") == "profile fake-profile.csv · hybrid: 2 core + 2 tier slots"
-        assert _text(app, "#uploads").startswith("per token: slots 3.1 · tier 1.2 · CPU 3.7 experts, 0.50 tier "
-                                                 "copies\nuploaded/token")
+        assert _text(app, "#uploads").startswith("per token: slots 3.1 · tier 1.2 · CPU 3.7 experts, 0.50 into the "
+                                                 "tier\nuploaded/token")
     app = MoeslotsApp(FakeEngine(), store=store)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0.4)
