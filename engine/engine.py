@@ -208,6 +208,7 @@ class Engine:
         finally:
             with self._lock:
                 self._generating = False
+                self.residency.generation_ended()
             self._busy.release()
 
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,

@@ -47,6 +47,7 @@ class Residency:
         self.spare = False                                # the packs have a spare entry (overlapped re-picks)
         self.stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self.tier: NativeTier | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
+        self.end_tier_pending = False                     # re-picks asked for while decoding: the tier ends next step
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
@@ -115,6 +116,22 @@ class Residency:
         return {"policy": "static", "policy_line": self.policy_line if self.eng._plan.layers else "",
                 "split_per_token": (int(st.hits.sum()) / n, 0.0, int(st.misses.sum()) / n) if n_dec else (0.0,) * 3}
 
+    def _end_tier(self) -> None:
+        """The tier gives its slots to re-picks (eng._lock held, no decode running): the plan it left, static."""
+        eng = self.eng
+        self.end_tier_pending = False
+        if self.tier is None:
+            return
+        eng._plan = self.tier.drain()             # from what the tier left in the slots
+        self._close_tier()
+        eng.cfg = dataclasses.replace(eng.cfg, policy="static")
+        self.policy_line = "static (re-picks on: the dynamic tier is off)"
+
+    def generation_ended(self) -> None:
+        """The reply's decodes are done (eng._lock held): a tier end asked for during them happens now."""
+        if self.end_tier_pending:
+            self._end_tier()
+
     def _close_tier(self) -> None:
         if self.tier is not None:
             self.tier.close()
@@ -128,10 +145,10 @@ class Residency:
             raise EngineError("re-pick interval must be >= 0")
         with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
             if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
-                eng._plan = self.tier.drain()     # from what the tier left in the slots
-                self._close_tier()
-                eng.cfg = dataclasses.replace(eng.cfg, policy="static")
-                self.policy_line = "static (re-picks on: the dynamic tier is off)"
+                if eng._generating:               # a decode may be running: the generating thread ends the tier
+                    self.end_tier_pending = True  # between two decodes (step) or when the reply ends
+                else:
+                    self._end_tier()
             eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
                                           repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
             self.since = 0
@@ -198,6 +215,9 @@ class Residency:
         """After each decode step of `n_new` tokens (cfg.repick_every > 0): every N decode tokens, elect residents
         per layer from the recent window's picks and copy only the swapped slabs."""
         eng = self.eng
+        if self.end_tier_pending:                 # F3 during this reply: between two decodes, the tier ends
+            with eng._lock:
+                self._end_tier()
         if self.tier is not None:
             before = self.tier.counts.bytes
             plan = self.tier.step(n_new)                           # between decodes: its counts, now and then the plan

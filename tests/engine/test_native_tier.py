@@ -145,3 +145,90 @@ def test_the_tier_owns_its_slots(tiny_glm: Path) -> None:
         assert native_tier.residents(m.ptr, trunk[0], 2) == plan.slots_of(trunk[0])[4:]
         native_tier.set_tier(m.ptr, 0, None)
         assert swap(m.ptr, trunk[0], 0, 12) > 0
+
+
+def test_a_tier_ended_while_a_graph_runs_leaves_consistent_maps(tiny_glm: Path) -> None:
+    """The tier turned off in the middle of a one-token graph (here from the eval callback, right after the first
+    tiered layer's route node: what F3 from the app's thread could do): the rest of that graph steps the rule no more,
+    so the device map written at tier-off matches the host map, and the decodes after it stay bit-identical to stock.
+    (Checked: when the later route nodes of that graph still step, the next tokens' logits differ.)"""
+    import ctypes
+
+    from moeslots.engine import native
+
+    fire = {"on": False, "ptr": 0, "done": 0}
+
+    def cb(tp: int, ask: bool, _ud: object) -> bool:
+        name = ctypes.string_at(tp + native.TENSOR_NAME_OFFSET).decode()
+        if ask:
+            return name.startswith("ffn_moe_tier_route-")
+        if fire["on"]:
+            fire["on"] = False
+            native_tier.set_tier(fire["ptr"], 0, None)
+            fire["done"] += 1
+        return True
+
+    callback = native.llama().ggml_backend_sched_eval_callback(cb)
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2, cb_eval=callback) as ctx:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        toks = _tokens(m.n_vocab, 60, 3)
+
+        def run() -> list[np.ndarray]:
+            ctx.reset()
+            ctx.decode(toks[:8], prompt=True)
+            out = []
+            for i, t in enumerate(toks[8:]):
+                fire["on"] = tier_on and i == 12                   # token 12: the tier ends inside its graph
+                ctx.decode([t])
+                out.append(ctx.logits().copy())
+            return out
+
+        tier_on = False
+        stock = run()
+        plan = SlotPlan.uniform(trunk, 6, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        fire["ptr"] = m.ptr
+        assert native_tier.set_tier(m.ptr, 6, CHEAP) == len(trunk)   # dynamic: every miss uploaded
+        tier_on = True
+        got = run()
+    assert fire["done"] == 1
+    _same(stock, got, "tier ended mid-graph")
+
+
+def test_one_context_steps_the_tier(tiny_glm: Path) -> None:
+    """Two contexts on one model: the first that decodes with the tier steps it; the other's graphs compute the
+    tiered layers' experts in host memory (its logits are stock's, it moves nothing, it is not counted); once the
+    first is freed, the other takes the tier over."""
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        toks = _tokens(m.n_vocab, 24, 4)
+        with Context(m, n_ctx=128, threads=2) as ref:
+            ref.decode(toks[:8], prompt=True)
+            want = []
+            for t in toks[8:]:
+                ref.decode([t])
+                want.append(ref.logits().copy())
+        m.set_slots(SlotPlan.uniform(trunk, 6, f.n_expert), pack_host=PACK_HOST)
+        native_tier.set_tier(m.ptr, 6, CHEAP)
+        a = Context(m, n_ctx=128, threads=2)
+        try:
+            with Context(m, n_ctx=128, threads=2) as b:
+                a.decode(toks[:8], prompt=True)
+                a.decode([toks[8]])
+                stepped = native_tier.read_counts(m.ptr, reset=True)
+                assert stepped.layer_tokens == len(trunk) and stepped.uploads > 0
+                b.decode(toks[:8], prompt=True)
+                got = []
+                for t in toks[8:]:
+                    b.decode([t])
+                    got.append(b.logits().copy())
+                assert native_tier.read_counts(m.ptr, reset=True).layer_tokens == 0     # b steps nothing
+                _same(want, got, "the second context")
+                a.close()
+                b.decode([toks[9]])                                  # a is gone: b's next graphs step the tier
+                assert native_tier.read_counts(m.ptr, reset=True).layer_tokens == len(trunk)
+        finally:
+            a.close()
+            native_tier.set_tier(m.ptr, 0, None)

@@ -212,3 +212,34 @@ def test_repicks_take_over_from_what_the_tier_left(tiny_glm: Path) -> None:
         _reply(e, "and more")                                                  # the chat goes on
     finally:
         e.close()
+
+
+def test_repicks_asked_for_mid_reply_end_the_tier_between_decodes(tiny_glm: Path) -> None:
+    """F3 while a reply is being decoded (the app's thread; here between two of its deltas): the tier is not turned
+    off under a running decode but by the generating thread before its next decode, and the reply's text is the
+    static cache's (exact), as is the next reply's under re-picks."""
+    start = SlotPlan.uniform([1, 2], 6, 16)
+    ref = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=False, slots=start))
+    try:
+        want = [_reply(ref, "tell me about the experts"), _reply(ref, "and more")]
+    finally:
+        ref.close()
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=False, policy="dynamic",
+                            slots=start))
+    try:
+        e.new_chat()
+        got, seen = [], []
+        for ev in e.chat([Message("user", "tell me about the experts")]):
+            if not isinstance(ev, TextDelta):
+                continue
+            got.append(ev.text)
+            seen.append(e.residency.tier is not None)
+            if len(got) == 3:
+                e.set_repick(4)                                    # during the reply: the tier stays until a step
+                assert e.residency.tier is not None and e.residency.end_tier_pending
+        assert seen[:3] == [True] * 3 and not seen[-1]             # ended by the generating thread, mid-reply
+        assert e.residency.tier is None and e.cfg.policy == "static" and e.cfg.repick_every == 4
+        assert "".join(got) == want[0]
+        assert _reply(e, "and more") == want[1]
+    finally:
+        e.close()

@@ -145,3 +145,31 @@ def test_scheduler_clock_counts_graphs_and_splits(tiny_glm: Path) -> None:
         assert stats_mod.sched_timing(False).graphs == 0      # the reset above
         per = on.per_graph_ms()
         assert per["cpu_splits"] == on.cpu_splits / 5 and abs(per["cpu_compute_ms"] - on.cpu_compute_us / 5000) < 1e-12
+
+
+def test_warm_up_graphs_do_not_fill_the_ring(tiny_qwen: Path) -> None:
+    """A warm-up decode (llama_set_warmup: the graph picks every expert) counts its picks but writes no ring row,
+    on a partly resident layer (the host chain's flat ids) as on the others; the next decode writes one row per MoE
+    layer and token, k ids each. (Checked: counting the flat ids with the model's k turned the warm-up row into n_expert / k
+    misgrouped ring rows.)"""
+    from moeslots.engine import native
+
+    with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
+        f = m.facts
+        m.set_slots(SlotPlan({il: (0, 1, 2) for il in f.moe_layers}), pack_host=True)
+        with Context(m, n_ctx=128, threads=2) as ctx:
+            ctx.enable_stats(ring_rows=256)
+            ctx.decode([5, 6, 7, 8], prompt=True)
+            before = len(ctx.read_stats().ring)
+            native.llama().llama_set_warmup(ctx.ptr, True)
+            ctx.decode([9])
+            native.llama().llama_set_warmup(ctx.ptr, False)
+            warm = ctx.read_stats()
+            ctx.decode([10, 11])                                # (a new graph: the warm-up one is not reused)
+            ctx.decode([12])
+            st = ctx.read_stats()
+    assert len(warm.ring) == before
+    assert all(warm.picks_decode[il].sum() == f.n_expert for il in f.moe_layers)
+    rows = {il: 3 for il in f.moe_layers} | {f.moe_layers[-1]: 2}   # the last layer routes the output rows only
+    assert sorted(st.ring[before:, 1].tolist()) == sorted(il for il, n in rows.items() for _ in range(n))
+    assert all(st.picks_decode[il].sum() == f.n_expert + n * f.n_expert_used for il, n in rows.items())
