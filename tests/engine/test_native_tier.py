@@ -42,7 +42,8 @@ def _same(stock: list[np.ndarray], got: list[np.ndarray], what: str) -> None:
 
 
 def _script(ctx: Context) -> list[np.ndarray]:
-    """A prompt, then decode batches of 1..8 tokens (one-token batches step the tier); every row's logits."""
+    """A prompt, then decode batches of 1..8 tokens (each steps the tier, as MTP verify batches do); every row's
+    logits."""
     ctx.reset()
     out: list[np.ndarray] = []
     prompt = _tokens(ctx.model.n_vocab, 20, 0)
@@ -73,8 +74,7 @@ def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
         finally:
             t.close()
         _same(stock, got, f"tier of {tier}")
-        ones = CHUNKS.count(1)
-        assert c.layer_tokens == ones * len(f.moe_layers)            # one-token batches step it, the others do not
+        assert c.layer_tokens == sum(CHUNKS) * len(f.moe_layers)     # decode batches (1-8 tokens) step it, not prompts
         assert c.uploads >= 5 and c.cpu > 0                          # EVEN: misses split both ways
         assert now != plan and all(now.slots_of(il)[:6 - tier] == plan.slots_of(il)[:6 - tier]
                                    for il in f.moe_layers)           # the core never moves

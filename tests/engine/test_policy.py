@@ -32,8 +32,8 @@ def _reply(e: Engine, ask: str) -> str:
 
 
 def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
-    """static, hybrid, dynamic through the Engine, with MTP drafts (verify batches): the same greedy replies as 0
-    slots; the tier's commits show in the plan, the snapshot's split and the uploads."""
+    """static, hybrid, dynamic through the Engine, with MTP drafts (verify batches, which step the tier too): the
+    same greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads."""
     texts = {}
     for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6)):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=True, policy=policy,
@@ -46,6 +46,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
                 assert snap.policy == policy and snap.tier_slots == (1 if policy == "hybrid" else 6)
                 assert snap.policy_line.startswith(f"{policy}: {6 - snap.tier_slots} core + {snap.tier_slots} tier")
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
+                assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e._decode_tokens    # verify batches step
                 assert (core == 0) == (policy == "dynamic")
                 assert e._plan != SlotPlan.uniform([1, 2], 6, 16)
             else:
