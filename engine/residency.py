@@ -99,6 +99,9 @@ class Residency:
         if self.auto_mark is not None:
             self.auto_mark = (self.eng._decode_tokens, plan)
         self._close_tier()
+        if self.end_tier_pending:                 # F3 while this plan went in: no tier for it
+            self._end_tier()
+            self.tier_d = 0
         if self.tier_d > 0 and plan.layers:
             eng = self.eng
             self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0])
@@ -120,10 +123,9 @@ class Residency:
         """The tier gives its slots to re-picks (eng._lock held, no decode running): the plan it left, static."""
         eng = self.eng
         self.end_tier_pending = False
-        if self.tier is None:
-            return
-        eng._plan = self.tier.drain()             # from what the tier left in the slots
-        self._close_tier()
+        if self.tier is not None:
+            eng._plan = self.tier.drain()         # from what the tier left in the slots
+            self._close_tier()
         eng.cfg = dataclasses.replace(eng.cfg, policy="static")
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
 
@@ -145,8 +147,10 @@ class Residency:
             raise EngineError("re-pick interval must be >= 0")
         with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
             if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
-                if eng._generating:               # a decode may be running: the generating thread ends the tier
-                    self.end_tier_pending = True  # between two decodes (step) or when the reply ends
+                if eng._generating or eng._busy.locked():
+                    # a decode or a slot change may be running: the thread holding the engine ends the tier
+                    # between two decodes (step), when the reply ends, or when the new plan goes in
+                    self.end_tier_pending = True
                 else:
                     self._end_tier()
             eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
@@ -215,9 +219,6 @@ class Residency:
         """After each decode step of `n_new` tokens (cfg.repick_every > 0): every N decode tokens, elect residents
         per layer from the recent window's picks and copy only the swapped slabs."""
         eng = self.eng
-        if self.end_tier_pending:                 # F3 during this reply: between two decodes, the tier ends
-            with eng._lock:
-                self._end_tier()
         if self.tier is not None:
             before = self.tier.counts.bytes
             plan = self.tier.step(n_new)                           # between decodes: its counts, now and then the plan
@@ -227,6 +228,11 @@ class Residency:
                     if plan is not None:
                         eng._plan = plan
                     eng._upload_bytes += moved
+            if not self.end_tier_pending:
+                return
+        if self.end_tier_pending:                 # F3 during this reply: between two decodes, the tier ends
+            with eng._lock:
+                self._end_tier()
             return
         if self.stager is not None:
             self._commit_stage()                                   # between decodes: the copies that are in
@@ -279,10 +285,14 @@ class Residency:
         self.eng._upload_bytes += nbytes
 
     def drain(self) -> None:
-        """Copies in flight are dropped (before the packs are rebuilt)."""
+        """Copies in flight are dropped (before the packs are rebuilt; the caller holds the engine, _busy); a tier
+        end asked for meanwhile happens now (its policy is static from this plan on)."""
         if self.stager is not None:
             self.stager.drain()
-        self._close_tier()
+        with self.eng._lock:
+            if self.end_tier_pending:
+                self._end_tier()
+            self._close_tier()
 
     def close(self) -> None:
         self._close_tier()

@@ -197,7 +197,8 @@ def test_a_tier_ended_while_a_graph_runs_leaves_consistent_maps(tiny_glm: Path) 
 
 
 def test_one_context_steps_the_tier(tiny_glm: Path) -> None:
-    """Two contexts on one model: the first that decodes with the tier steps it; the other's graphs compute the
+    """Two contexts on one model: the first whose graphs are built with the tier (here: the first to decode, both
+    being created before the tier) steps it; the other's graphs compute the
     tiered layers' experts in host memory (its logits are stock's, it moves nothing, it is not counted); once the
     first is freed, the other takes the tier over."""
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:

@@ -244,3 +244,24 @@ def test_repicks_asked_for_mid_reply_end_the_tier_between_decodes(tiny_glm: Path
         assert _reply(e, "and more") == want[1]
     finally:
         e.close()
+
+
+def test_repicks_asked_for_during_a_slot_change_end_the_tier_with_it(tiny_glm: Path) -> None:
+    """F3 while another thread holds the engine for a slot change (here: _busy held): the tier end waits for the
+    engine, and the next plan goes in static with re-picks on (no tier for it, no "both move slots" error), and
+    the counts of the tier's last decode are kept."""
+    start = SlotPlan.uniform([1, 2], 6, 16)
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=24, mtp=False, policy="hybrid",
+                            slots=start))
+    try:
+        _reply(e, "tell me about the experts")
+        assert e.residency.tier is not None
+        with e._busy:                                          # a slot change in progress
+            e.set_repick(4)
+            assert e.residency.end_tier_pending and e.residency.tier is not None
+        e.set_slots(SlotPlan.uniform([1, 2], 5, 16))
+        assert e.residency.tier is None and not e.residency.end_tier_pending
+        assert e.cfg.policy == "static" and e.cfg.repick_every == 4 and e.snapshot().policy == "static"
+        assert len(_reply(e, "and more")) > 0
+    finally:
+        e.close()
