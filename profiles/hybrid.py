@@ -172,6 +172,36 @@ class Tier:
                     else self._prefetch_any(ml, me, sc, ids, budget))
         return Step(n_core, n_tier, int(c.sum()), now_up, pref, ms)
 
+    def step_batch(self, ids: np.ndarray) -> Step:
+        """A decode batch's picks ids [n, L, k] as the engine steps an MTP verify batch (the engine's mechanism only:
+        uploads now, no prefetch): the scores decay and add row by row; every row is served by the residents of the
+        batch's start; the misses are the batch's distinct non-resident experts per layer, best_split of them
+        uploaded now (best-scored first) into entries no row of the batch picks, the others computed on the CPU."""
+        mech = self.mech
+        if (self.prefetch and mech.prefetch) or not mech.upload_now or mech.transient or mech.lag:
+            raise ValueError("batched steps model the engine's mechanism only (uploads now, no prefetch)")
+        n, L, k = ids.shape
+        if n == 1:
+            return self.step(ids[0])
+        E, rows = self.n_expert, self._rows
+        for r in range(n):
+            self.score *= self.decay
+            self.score.reshape(-1)[:] += np.bincount((rows[:, None] * E + ids[r]).ravel(), minlength=L * E)
+        cat = np.concatenate(list(ids), axis=1)                     # [L, n * k]: the batch's picks per layer
+        core_hit = self.core[rows[:, None], cat]
+        tier_hit = self.in_tier[rows[:, None], cat] & ~core_hit
+        n_core, n_tier = int(core_hit.sum()), int(tier_hit.sum())
+        key = np.unique((rows[:, None] * E + cat).ravel()[~(core_hit | tier_hit).ravel()])
+        ml, me = key // E, key % E
+        up = np.zeros(L, np.int64)
+        now_up: list[tuple[int, int]] = []
+        if self.cap > 0 and key.size:
+            ml, me = self._upload_now(ml, me, cat, up, now_up)
+        c = np.bincount(ml, minlength=L)
+        ms = (n * self.cost.base_ms + (n_core + n_tier) * self.t_gpu
+              + float(np.sum(np.maximum(up * self.t_up, c * self.t_cpu)) + up.sum() * self.t_gpu))
+        return Step(n_core, n_tier, int(c.sum()), now_up, [], ms)
+
     def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,
                     now_up: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """Per layer, the best_split share of its misses (best-scored first) uploaded and computed on the GPU now;
@@ -237,11 +267,13 @@ class Tier:
 
 def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel, *, decay: float = 0.95,
                     prefetch: bool = True, overlap: bool = True, initial: np.ndarray | None = None,
-                    mech: Mechanism = IDEAL, warmup: int = 0) -> HybridResult:
+                    mech: Mechanism = IDEAL, warmup: int = 0, batches: Sequence[int] | None = None) -> HybridResult:
     """P: decode picks [T, L, k]; core: static residents [L, n_expert] (bool); tier: dynamic slots per layer;
     initial: the tier's first residents (None: empty). With a lag, a prefetch decided at token t lands before
     token t + 1 + lag, as the engine's commits do when each copy is in by then. The first `warmup` tokens go
-    through the rule uncounted (a benchmark's warm-up decodes)."""
+    through the rule uncounted (a benchmark's warm-up decodes). batches: the decode steps' sizes after the warm-up
+    (sum T; None: one token each), a batch of several stepped as the engine steps an MTP verify batch
+    (Tier.step_batch: the engine's mechanism only)."""
     rule = Tier(core, tier, cost, initial=initial, decay=decay, prefetch=prefetch, overlap=overlap, mech=mech)
     if warmup:
         if mech.lag > 0:
@@ -250,15 +282,21 @@ def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel,
             rule.step(P[t])
         P = P[warmup:]
     T, L, k = P.shape
+    sizes = [1] * T if batches is None else [int(b) for b in batches]
+    if sum(sizes) != T or min(sizes, default=1) < 1:
+        raise ValueError(f"batches {sizes[:8]}... must be sizes >= 1 summing to the {T} tokens")
+    if mech.lag > 0 and max(sizes, default=1) > 1:
+        raise ValueError("batched steps with a prefetch lag are not modelled")
     due: dict[int, int] = {}                                        # layer -> token its copy lands before
     hits = tier_hits = sync = pref = cpu = 0
     total_ms = 0.0
-    for t in range(T):
+    starts = np.cumsum([0] + sizes[:-1]).tolist()
+    for t, n in zip(starts, sizes):
         for l in [l for l, when in due.items() if when <= t]:
             rule.land(l)
             del due[l]
             pref += 1
-        s = rule.step(P[t])
+        s = rule.step(P[t]) if n == 1 else rule.step_batch(P[t:t + n])
         hits, tier_hits = hits + s.core_hits + s.tier_hits, tier_hits + s.tier_hits
         sync, cpu, total_ms = sync + len(s.uploads_now), cpu + s.cpu, total_ms + s.ms
         if mech.lag > 0:

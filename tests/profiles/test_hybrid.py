@@ -144,3 +144,20 @@ def test_the_native_mechanism_uploads_now_and_never_transiently() -> None:
     ideal = hybrid.Tier(core, 1, cost, initial=first, mech=hybrid.IDEAL)
     ideal.step(np.array([[0, 1]]))
     assert ideal.step(np.array([[0, 2, 3]])).uploads_now == [(0, 2)]   # IDEAL: a transient copy of 2
+
+
+def test_batched_steps_are_the_engines_only_and_must_cover_the_tokens() -> None:
+    """simulate_hybrid(batches=): sizes must sum to the tokens; batched steps model the engine's mechanism (uploads
+    now, no prefetch), not the ideal one; a batch of one is the one-token step."""
+    rng = np.random.default_rng(3)
+    P = rng.integers(0, 16, size=(12, 2, 4))
+    core = np.zeros((2, 16), bool)
+    core[:, :4] = True
+    cost = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0)
+    one = hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.NATIVE)
+    assert hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.NATIVE, batches=[1] * 12) == one
+    assert hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.NATIVE, batches=[3, 4, 5]).hit_rate >= 0
+    with pytest.raises(ValueError):
+        hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.NATIVE, batches=[3, 4])
+    with pytest.raises(ValueError):
+        hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.IDEAL, batches=[3, 4, 5])
