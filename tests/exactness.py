@@ -22,17 +22,18 @@ def _tokens(n_vocab: int, n: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(0, n_vocab - len(synth.CONTROL_TOKENS), n)]
 
 
-def run_script(ctx: Context, seed: int = 0) -> list[np.ndarray]:
+def run_script(ctx: Context, seed: int = 0, *, prompt_len: int = PROMPT_LEN,
+               chunks: list[int] = CHUNKS) -> list[np.ndarray]:
     """Prompt (all rows output), then decode batches of 1..64 tokens; every row's logits, in order."""
     n_vocab = ctx.model.n_vocab
     out: list[np.ndarray] = []
     ctx.reset()
-    prompt = _tokens(n_vocab, PROMPT_LEN, seed)
+    prompt = _tokens(n_vocab, prompt_len, seed)
     ctx.decode(prompt, all_logits=True)
     out += [ctx.logits(i).copy() for i in range(len(prompt))]
-    toks = _tokens(n_vocab, sum(CHUNKS), seed + 1)
+    toks = _tokens(n_vocab, sum(chunks), seed + 1)
     pos = 0
-    for c in CHUNKS:
+    for c in chunks:
         ctx.decode(toks[pos:pos + c], all_logits=True)
         out += [ctx.logits(i).copy() for i in range(c)]
         pos += c

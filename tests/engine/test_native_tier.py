@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exactness import _tokens, assert_identical
+from exactness import _tokens, assert_identical, run_script
 from moeslots.engine import native_tier, replay
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import CacheError, SlotPlan, swap
@@ -44,18 +44,7 @@ def _same(stock: list[np.ndarray], got: list[np.ndarray], what: str) -> None:
 def _script(ctx: Context) -> list[np.ndarray]:
     """A prompt, then decode batches of 1..8 tokens (each steps the tier, as MTP verify batches do); every row's
     logits."""
-    ctx.reset()
-    out: list[np.ndarray] = []
-    prompt = _tokens(ctx.model.n_vocab, 20, 0)
-    ctx.decode(prompt, all_logits=True, prompt=True)
-    out += [ctx.logits(i).copy() for i in range(len(prompt))]
-    toks = _tokens(ctx.model.n_vocab, sum(CHUNKS), 1)
-    pos = 0
-    for c in CHUNKS:
-        ctx.decode(toks[pos:pos + c], all_logits=True)
-        out += [ctx.logits(i).copy() for i in range(c)]
-        pos += c
-    return out
+    return run_script(ctx, 0, prompt_len=20, chunks=CHUNKS)
 
 
 @pytest.mark.parametrize("tier", [2, 6])                   # hybrid (4 core + 2 tier), dynamic (all 6)
