@@ -366,9 +366,10 @@ class Engine:
             n_dec = self._decode_tokens
             misses = int(st.misses.sum())
             whatif = self._whatif[0]
+            fields = res.snapshot_fields(st, n_dec)
             return Snapshot(
                 whatif=whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
-                cpu_experts_per_token=misses / n_dec if n_dec else 0.0,
+                cpu_experts_per_token=fields.pop("cpu_experts_per_token", misses / n_dec if n_dec else 0.0),
                 upload_mb_per_token=self._upload_bytes / n_dec / 1e6 if n_dec else 0.0,
                 tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
                 prompt_tok_s=self._prompt_tok_s,
@@ -378,7 +379,7 @@ class Engine:
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
-                reread=self._reread, n_expert=f.n_expert, **res.snapshot_fields(st, n_dec))
+                reread=self._reread, n_expert=f.n_expert, **fields)
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a

@@ -108,13 +108,14 @@ class Residency:
 
     def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
-        uploads per token."""
+        uploads per token; with a tier, the experts computed in host memory are the tier's CPU misses (the routing
+        stats count a miss uploaded in its own token as a miss: it was not resident when picked)."""
         t = self.tier
         if t is not None:
             core, tier, cpu, up = t.split()
             return {"policy": policy_mod.name(t.plan.slots_per_layer, t.tier), "tier_slots": t.tier,
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
-                    "tier_uploads_per_token": up}
+                    "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}
         n = max(1, n_dec)
         return {"policy": "static", "policy_line": self.policy_line if self.eng._plan.layers else "",
                 "split_per_token": (int(st.hits.sum()) / n, 0.0, int(st.misses.sum()) / n) if n_dec else (0.0,) * 3}

@@ -47,6 +47,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
                 assert snap.policy_line.startswith(f"{policy}: {6 - snap.tier_slots} core + {snap.tier_slots} tier")
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
                 assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e._decode_tokens    # verify batches step
+                assert snap.cpu_experts_per_token == cpu          # host-memory work: the tier's CPU misses
                 assert (core == 0) == (policy == "dynamic")
                 assert e._plan != SlotPlan.uniform([1, 2], 6, 16)
             else:
