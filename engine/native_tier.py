@@ -16,18 +16,11 @@ import dataclasses
 import numpy as np
 
 from ..profiles.costs import CostModel
+from ..profiles.hybrid import expert_ms
 from . import native
 from .cache import ERR_INPUT, CacheError, SlotPlan
 
 DECAY = 0.95          # profiles.hybrid.Tier's default: the simulator's
-
-
-def available() -> bool:
-    """Whether the installed engine runs the tier itself (patch 0007)."""
-    try:
-        return native.hasattr_symbol(native.lib(), "llama_moeslots_tier_set")
-    except Exception:          # no engine at all: the caller reports that elsewhere
-        return False
 
 
 def _bind() -> object:
@@ -45,16 +38,10 @@ def _bind() -> object:
     return L
 
 
-def costs_ms(cost: CostModel) -> tuple[float, float]:
-    """One expert computed on the CPU and one uploaded, in ms, exactly as profiles.hybrid.Tier derives them (the
-    engine then splits misses with the same arithmetic)."""
-    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
-
-
 def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY) -> int:
     """Give every partly resident trunk layer a tier of its last n_tier slots (0: off). Returns the layers that got
     one. Between decodes only; the model's contexts rebuild their graphs at their next decode."""
-    t_cpu, t_up = costs_ms(cost) if cost is not None else (1.0, 1.0)
+    t_cpu, t_up = expert_ms(cost) if cost is not None else (1.0, 1.0)
     rc = int(_bind().llama_moeslots_tier_set(model_ptr, n_tier, t_cpu, t_up, decay))
     if rc < 0:
         raise CacheError(f"the engine refused a tier of {n_tier} slots per layer (a layer with fewer slots, a re-pick "
@@ -143,10 +130,6 @@ class NativeTier:
         """Per decode token: core picks, tier picks, CPU misses, uploads now."""
         c, n = self.counts, max(1, self.tokens)
         return c.core_hits / n, c.tier_hits / n, c.cpu / n, c.uploads / n
-
-    def drain(self) -> SlotPlan:
-        """Nothing is in flight between decodes: the plan as the cache holds it."""
-        return self.refresh()
 
     def close(self) -> None:
         try:

@@ -125,7 +125,7 @@ class Residency:
         eng = self.eng
         self.end_tier_pending = False
         if self.tier is not None:
-            eng._plan = self.tier.drain()         # from what the tier left in the slots
+            eng._plan = self.tier.refresh()       # from what the tier left in the slots (nothing is in flight)
             self._close_tier()
         eng.cfg = dataclasses.replace(eng.cfg, policy="static")
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
@@ -224,16 +224,13 @@ class Residency:
             before = self.tier.counts.bytes
             plan = self.tier.step(n_new)                           # between decodes: its counts, now and then the plan
             moved = self.tier.counts.bytes - before
-            if plan is not None or moved:
-                with eng._lock:
+            if plan is not None or moved or self.end_tier_pending:
+                with eng._lock:                   # (not every token: snapshots hold this lock)
                     if plan is not None:
                         eng._plan = plan
                     eng._upload_bytes += moved
-            if not self.end_tier_pending:
-                return
-        if self.end_tier_pending:                 # F3 during this reply: between two decodes, the tier ends
-            with eng._lock:
-                self._end_tier()
+                    if self.end_tier_pending:     # F3 during this reply: between two decodes, the tier ends
+                        self._end_tier()
             return
         if self.stager is not None:
             self._commit_stage()                                   # between decodes: the copies that are in

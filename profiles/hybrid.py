@@ -90,6 +90,12 @@ def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
     return min(cands, key=lambda n: (max(n * t_up, (misses - n) * t_cpu), n))
 
 
+def expert_ms(cost: CostModel) -> tuple[float, float]:
+    """One expert computed on the CPU and one uploaded, in ms: the two costs the rule splits misses by (the engine's
+    tier gets these same numbers: engine.native_tier)."""
+    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
+
+
 class Tier:
     """The rule's state over L layers: core [L, n_expert] (bool, fixed), the tier's residents (initial: bool
     [L, n_expert], disjoint from core, at most `tier` per layer; None: empty), decayed scores, copies in flight."""
@@ -105,7 +111,7 @@ class Tier:
             raise ValueError(f"an initial tier holds {int(self.n_tier.max())} experts, the tier {tier}")
         self.score = np.zeros(core.shape)
         self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
-        self.t_cpu, self.t_up = cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
+        self.t_cpu, self.t_up = expert_ms(cost)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
         self._rows = np.arange(self.L)
 
@@ -140,24 +146,10 @@ class Tier:
         """One decode token's picks ids [L, k]: score them, count where they were served (the residents of this
         moment), decide uploads now and prefetches (prefetches with lag 0 are resident from the next token; with a
         lag they wait in `pending` until land()). Vectorised over layers except uploads now (the simulator's)."""
-        L, k = ids.shape
-        E, rows, mech, cap = self.n_expert, self._rows, self.mech, self.cap
-        self.score *= self.decay
-        flat = (rows[:, None] * E + ids).ravel()
-        self.score.reshape(-1)[:] += np.bincount(flat, minlength=L * E)
-        core_hit = self.core[rows[:, None], ids]
-        tier_hit = self.in_tier[rows[:, None], ids] & ~core_hit
-        n_core, n_tier = int(core_hit.sum()), int(tier_hit.sum())
-        ms = self.cost.base_ms + (n_core + n_tier) * self.t_gpu
-        key = np.unique(flat[~(core_hit | tier_hit).ravel()])      # distinct misses, by layer then expert
-        ml, me = key // E, key % E
-        up = np.zeros(L, np.int64)
-        now_up: list[tuple[int, int]] = []
-        if mech.upload_now and cap > 0 and key.size:
-            ml, me = self._upload_now(ml, me, ids, up, now_up)
-        c = np.bincount(ml, minlength=L)
-        ms += float(np.sum(np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap
-                           else up * self.t_up + c * self.t_cpu) + up.sum() * self.t_gpu)
+        mech, cap = self.mech, self.cap
+        self._score(ids)
+        n_core, n_tier, ml, me, up, now_up, c = self._serve(ids)
+        ms = self._ms(1, n_core + n_tier, up, c)
         up_ms = float(up.sum() * self.t_up)
         pref: list[tuple[int, int, int]] = []
         if self.prefetch and mech.prefetch and cap > 0 and ml.size:
@@ -180,27 +172,41 @@ class Tier:
         mech = self.mech
         if (self.prefetch and mech.prefetch) or not mech.upload_now or mech.transient or mech.lag:
             raise ValueError("batched steps model the engine's mechanism only (uploads now, no prefetch)")
-        n, L, k = ids.shape
+        n = ids.shape[0]
         if n == 1:
             return self.step(ids[0])
+        for row in ids:
+            self._score(row)
+        n_core, n_tier, _, _, up, now_up, c = self._serve(np.concatenate(list(ids), axis=1))   # [L, n * k]
+        return Step(n_core, n_tier, int(c.sum()), now_up, [], self._ms(n, n_core + n_tier, up, c))
+
+    def _score(self, ids: np.ndarray) -> None:
+        """One token's picks ids [L, k] into the scores (all decay first)."""
+        L, E = self.L, self.n_expert
+        self.score *= self.decay
+        self.score.reshape(-1)[:] += np.bincount((self._rows[:, None] * E + ids).ravel(), minlength=L * E)
+
+    def _serve(self, ids: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]],
+                                               np.ndarray]:
+        """Picks ids [L, m] (one token's, or a batch's side by side) against the residents of this moment: picks
+        served by the core and by the tier, then the distinct misses (by layer, then expert) less those uploaded now
+        (ml, me), the uploads now per layer and as (layer, expert), the CPU misses per layer."""
         E, rows = self.n_expert, self._rows
-        for r in range(n):
-            self.score *= self.decay
-            self.score.reshape(-1)[:] += np.bincount((rows[:, None] * E + ids[r]).ravel(), minlength=L * E)
-        cat = np.concatenate(list(ids), axis=1)                     # [L, n * k]: the batch's picks per layer
-        core_hit = self.core[rows[:, None], cat]
-        tier_hit = self.in_tier[rows[:, None], cat] & ~core_hit
-        n_core, n_tier = int(core_hit.sum()), int(tier_hit.sum())
-        key = np.unique((rows[:, None] * E + cat).ravel()[~(core_hit | tier_hit).ravel()])
+        core_hit = self.core[rows[:, None], ids]
+        tier_hit = self.in_tier[rows[:, None], ids] & ~core_hit
+        key = np.unique((rows[:, None] * E + ids).ravel()[~(core_hit | tier_hit).ravel()])
         ml, me = key // E, key % E
-        up = np.zeros(L, np.int64)
+        up = np.zeros(self.L, np.int64)
         now_up: list[tuple[int, int]] = []
-        if self.cap > 0 and key.size:
-            ml, me = self._upload_now(ml, me, cat, up, now_up)
-        c = np.bincount(ml, minlength=L)
-        ms = (n * self.cost.base_ms + (n_core + n_tier) * self.t_gpu
-              + float(np.sum(np.maximum(up * self.t_up, c * self.t_cpu)) + up.sum() * self.t_gpu))
-        return Step(n_core, n_tier, int(c.sum()), now_up, [], ms)
+        if self.mech.upload_now and self.cap > 0 and key.size:
+            ml, me = self._upload_now(ml, me, ids, up, now_up)
+        return int(core_hit.sum()), int(tier_hit.sum()), ml, me, up, now_up, np.bincount(ml, minlength=self.L)
+
+    def _ms(self, n_tokens: int, gpu_picks: int, up: np.ndarray, c: np.ndarray) -> float:
+        """Est. time of a step of n_tokens: the base per token, resident picks on the GPU, and per layer its uploads
+        and CPU misses, concurrent (overlap) or one after the other."""
+        per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
+        return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 
     def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,
                     now_up: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from ...profiles.simulate import layer_counts
 from .. import calibrate, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
-from ..native_tier import NativeTier, masks
+from ..native_tier import NativeTier, TierCounts, masks
 from ..model import Context, LoadOptions, Model, default_threads
 
 
@@ -130,7 +130,7 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
     try:
         if runner is not None:
             runner.step()
-            runner.counts = type(runner.counts)()                  # count the timed rows only
+            runner.counts = TierCounts()                           # count the timed rows only
         stats_mod.reset(ctx.ptr)
         for t in toks[16:16 + len(P)]:
             t1 = time.perf_counter()

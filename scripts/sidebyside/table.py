@@ -85,7 +85,7 @@ def collect(out: Path) -> dict[str, Any]:
     facts = _load(out / "facts.json")
     llama: list[dict[str, Any]] = []
     moeslots: list[dict[str, Any]] = []
-    missing = [r for r in lines if not _complete(Path(r["json"]))]      # a run stopped before these (time limit)
+    missing = [r for r in lines if not _complete(Path(r["json"]))]      # runs stopped before these, or failed
     lines = [r for r in lines if r not in missing]
     for run in lines:
         data = _load(Path(run["json"]))
