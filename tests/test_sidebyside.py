@@ -137,6 +137,28 @@ def test_collect_from_results_without_a_cache(tb: ModuleType, tmp_path: Path) ->
     assert "†: the ratio to llama.cpp without a cache" in md
 
 
+def test_runs_that_did_not_finish_are_left_out_and_listed(tb: ModuleType, tmp_path: Path) -> None:
+    """A run cut off (its result file empty or half written) or never started: the table is made from the others and
+    lists those as not run, instead of stopping on the bad file."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (tmp_path / "facts.json").write_text(json.dumps({"path": "m.gguf", "shape": "tiny", "cache_mib": {"16": 4}}))
+    (raw / "l.json").write_text(json.dumps([{"n_prompt": 0, "n_gen": 64, "moe_cache_mib": 0, "avg_ts": 1800.0,
+                                             "stddev_ts": 1.0}]))
+    (raw / "cut.json").write_text('[{"n_prompt": 0, "n_ge')
+    (raw / "empty.json").write_text("")
+    runs = [{"engine": "llama.cpp", "load": "mmap", "threads": t, "routing": "random", "json": str(raw / f),
+             "cmd": f"llama-bench -t {t}"} for t, f in (("2", "l.json"), ("4", "cut.json"), ("6", "empty.json"),
+                                                         ("8", "never.json"))]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert tb.main([str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "sidebyside.json").read_text())
+    assert [r["threads"] for r in d["llama"]] == [2]
+    assert d["not_run"] == [f"llama.cpp: llama-bench -t {t}" for t in (4, 6, 8)]
+    md = (tmp_path / "sidebyside.md").read_text()
+    assert "Not run (stopped before them, or failed):" in md and "llama-bench -t 8" in md.split("Not run")[1]
+
+
 def test_collect_says_what_is_missing(tb: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tb.main([str(tmp_path)]) == 2
     assert "run run.sh first" in capsys.readouterr().err
