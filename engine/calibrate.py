@@ -56,6 +56,7 @@ class Calibration:
     cpu_gbps_threads: tuple[float, ...] = ()   # ...and the rate at each
     upload_pageable_single_gbps: float = 0.0   # one slab at a time (median); the fields above: batched
     upload_pinned_single_gbps: float = 0.0
+    fetch_gbps: float = 0.0            # the GPU reading pinned host memory itself (a GPU-stepped tier); 0: not measured
     host_copy_gbps: float = 0.0        # no GPU: the host-to-host pack copies (information, not PCIe)
     unmeasured: str = ""               # what this machine could not measure, and what the costs use instead
     # a 512-token prompt at the calibration's S slots (tok/s; 0: not measured): the experts not in slots streamed to
@@ -80,7 +81,8 @@ class Calibration:
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         pcie = pcie or CostModel.h200(pinned=pinned).pcie_gbps
         cpu = dict(zip(self.cpu_threads, self.cpu_gbps_threads)).get(threads or 0, 0.0) or self.cpu_gbps
-        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=cpu, pcie_gbps=pcie, base_ms=self.base_ms)
+        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=cpu, pcie_gbps=pcie, base_ms=self.base_ms,
+                         fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps)
 
     def render(self) -> str:
         up = [f"{v:.1f} GB/s {what}" for v, what in (

@@ -35,12 +35,25 @@ def _bind() -> object:
         L.llama_moeslots_tier_residents.restype = ctypes.c_int32
         L.llama_moeslots_tier_residents.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                                                     ctypes.c_int32]
+        L.llama_moeslots_tier_set_device.restype = ctypes.c_int32
+        L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_char_p,
+                                                     ctypes.c_size_t]
     return L
 
 
-def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY) -> int:
+def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY, *,
+             device: bool = False) -> int:
     """Give every partly resident trunk layer a tier of its last n_tier slots (0: off). Returns the layers that got
-    one. Between decodes only; the model's contexts rebuild their graphs at their next decode."""
+    one. Between decodes only; the model's contexts rebuild their graphs at their next decode. device: the tier is
+    stepped on the pack's device (patch 0008, `--policy fetch`): every miss fetched by the GPU from pinned memory,
+    none computed on the CPU, no host round trip."""
+    if device:
+        msg = ctypes.create_string_buffer(512)
+        rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, decay, msg, len(msg)))
+        if rc < 0:
+            why = msg.value.decode(errors="replace") or f"code {rc}"
+            raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
+        return rc
     t_cpu, t_up = expert_ms(cost) if cost is not None else (1.0, 1.0)
     rc = int(_bind().llama_moeslots_tier_set(model_ptr, n_tier, t_cpu, t_up, decay))
     if rc < 0:
@@ -82,24 +95,31 @@ class NativeTier:
     split) and, every REFRESH decode tokens with uploads, returns the plan the cache holds then."""
 
     REFRESH = 32     # decode tokens between two readings of the tier's residents (the inspector's heatmap)
+    COUNT_EVERY = 16  # a GPU-stepped tier: decode tokens between two readings of its counts (one read per layer)
 
-    def __init__(self, model_ptr: int, plan: SlotPlan, tier: int, cost: CostModel) -> None:
-        self.model_ptr, self.tier, self.cost = model_ptr, tier, cost
+    def __init__(self, model_ptr: int, plan: SlotPlan, tier: int, cost: CostModel, *, device: bool = False) -> None:
+        self.model_ptr, self.tier, self.cost, self.device = model_ptr, tier, cost, device
         self._plan = plan
-        self.layers = set_tier(model_ptr, tier, cost)
+        self.layers = set_tier(model_ptr, tier, cost, device=device)
         self.n_layers = max(1, self.layers)             # the layers with a tier (partly resident trunk layers)
         self.counts = TierCounts()
         self._dirty = 0                                  # decode tokens with uploads since the plan was read
         self._since = 0
+        self._unread = 0                                 # decode tokens since the counts were read
         read_counts(model_ptr, reset=True)
 
     @property
     def tokens(self) -> int:
         return self.counts.layer_tokens // self.n_layers
 
-    def step(self, n_new: int = 1) -> SlotPlan | None:
-        """After a decode step (between decodes): add the counts since the last step; returns the cache's plan when
-        slots moved and REFRESH tokens have passed since it was last read, else None."""
+    def step(self, n_new: int = 1, *, force: bool = False) -> SlotPlan | None:
+        """After a decode step (between decodes): add the counts since the last step (a GPU-stepped tier: every
+        COUNT_EVERY tokens, or now with force); returns the cache's plan when slots moved and REFRESH tokens have
+        passed since it was last read, else None."""
+        self._unread += n_new
+        if self.device and not force and self._unread < self.COUNT_EVERY:
+            return None
+        n_new, self._unread = self._unread, 0
         c = read_counts(self.model_ptr, reset=True)
         self.counts = self.counts + c
         self._since += n_new
@@ -133,7 +153,7 @@ class NativeTier:
 
     def close(self) -> None:
         try:
-            set_tier(self.model_ptr, 0, None)
+            set_tier(self.model_ptr, 0, None, device=self.device)
         except CacheError:
             pass
 

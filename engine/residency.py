@@ -49,6 +49,7 @@ class Residency:
         self.tier: NativeTier | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
         self.end_tier_pending = False                     # re-picks asked for while decoding: the tier ends next step
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
+        self.device = False                               # --policy fetch: the tier is stepped on the GPU
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
     def _overlapped_repicks(self) -> bool:
@@ -69,15 +70,20 @@ class Residency:
         if cfg.policy != "static" and cfg.repick_every > 0:
             raise EngineError(f"--policy {cfg.policy} and --repick both move slots: choose one")
         S = plan.slots_per_layer
+        if cfg.policy == "fetch" and self.eng.model.opts.use_mmap and not cfg.pack_host:
+            raise EngineError("--policy fetch: the GPU reads missed experts from pinned host memory, and this model's "
+                              "experts are mmap'ed (pageable); load it with --no-mmap, or choose another policy")
         if cfg.policy == "auto":
             pol, self.tier_d, why = self._auto_policy(S)
             self.policy_line = f"auto: {why}"
+            self.device = pol == "fetch"
         else:
+            self.device = cfg.policy == "fetch"
             try:
                 self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier)
             except ValueError as e:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
-            pol = policy_mod.name(S, self.tier_d)
+            pol = "fetch" if self.device and self.tier_d else policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
         return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
 
@@ -87,7 +93,8 @@ class Residency:
             return "static", 0, "static (no profile to simulate)" if slots else "static (no slots)"
         cost, source = eng.cost_model()
         try:
-            pol, d, why = policy_mod.choose_policy(read_csv(Path(eng.cfg.profile)), slots, cost)
+            pol, d, why = policy_mod.choose_policy(read_csv(Path(eng.cfg.profile)), slots, cost,
+                                                   fetch=not (eng.cfg.pack_host or eng.model.opts.use_mmap))
         except (TraceError, ValueError) as e:
             return "static", 0, f"static ({e})"
         return pol, d, f"{why} [{source}]"
@@ -104,7 +111,7 @@ class Residency:
             self.tier_d = 0
         if self.tier_d > 0 and plan.layers:
             eng = self.eng
-            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0])
+            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0], device=self.device)
 
     def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
@@ -113,7 +120,8 @@ class Residency:
         t = self.tier
         if t is not None:
             core, tier, cpu, up = t.split()
-            return {"policy": policy_mod.name(t.plan.slots_per_layer, t.tier), "tier_slots": t.tier,
+            return {"policy": "fetch" if t.device else policy_mod.name(t.plan.slots_per_layer, t.tier),
+                    "tier_slots": t.tier,
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
                     "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}
         n = max(1, n_dec)

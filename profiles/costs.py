@@ -8,7 +8,10 @@ expert), GPU ~4000 GB/s, a 3.06 MB slab (Qwen3-30B-A3B shape at Q4_K_M), base 8.
 residency + 48 partly resident layers x 87 us, the CPU round trip each such layer pays every token (base is what a
 token costs with slots in every layer, apart from its experts: what `doctor --calibrate` measures, from 0 and S
 slots), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8 GB/s from pinned memory, 5.3-6.7
-GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static).
+GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static). A tier stepped on the GPU
+(`--policy fetch`) pays no round trip (base less 48 x split_ms), copies at the GPU's own reading rate of pinned
+memory (50 GB/s there: scripts/h200/upload_rates.cu) and ~15 us per layer for its rule and launches (the measured
+minus the simulated ms/token of the uniform rows, docs/lab/2026-12-04-h200-fetch-tier.md).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class CostModel:
     pcie_gbps: float = H200_UPLOAD_GBPS["pinned"]
     gpu_gbps: float = 4000.0
     base_ms: float = 8.8
+    split_ms: float = 0.087         # per partly resident layer: the CPU round trip inside base_ms
+    fetch_gbps: float = 50.0        # a GPU-stepped tier's uploads: the GPU reading pinned host memory itself
+    fetch_layer_ms: float = 0.015   # per layer and step: what a GPU-stepped tier costs beyond its copies
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
         mb = self.slab_mb

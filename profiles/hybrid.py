@@ -15,8 +15,10 @@ not picked by this token.
 How admissions reach VRAM is a `Mechanism`. IDEAL (the simulator's default): uploads now, prefetches resident from
 the next token, any number per layer; an upload with no tier entry to replace is a transient copy. NATIVE = ENGINE
 (what the engine does, patch 0007): uploads now into the tier, no prefetch, no transient copy (a miss with no entry
-to replace stays on the CPU). STAGED (a what-if: the engine's first tier, stepped from Python): no upload now, a
-prefetch staged into a spare pack entry while the next token decodes and committed after it (resident one token
+to replace stays on the CPU; NATIVE_GPU_PACK: with the pack on a GPU, multi-token batches read the tier as it
+stands). FETCH (`--policy fetch`, patch 0008): the tier stepped on the GPU, every miss of a batch whose picks fit in
+the tier uploaded now, none computed on the CPU, no host round trip. STAGED (a what-if: the engine's first tier,
+stepped from Python): no upload now, a prefetch staged into a spare pack entry while the next token decodes and committed after it (resident one token
 later than IDEAL: lag 1), one copy in flight per layer.
 
 D = 0 is the static cache (every miss on the CPU); core 0 is a dynamic cache (with cheap uploads now, llama.cpp's
@@ -41,6 +43,9 @@ class Mechanism:
     one_per_layer: bool = False     # at most one prefetch in flight per layer
     transient: bool = True          # an upload now with no tier entry to replace is still made (then dropped)
     prefetch: bool = True           # misses computed on the CPU may be uploaded for later
+    batch_steps: bool = True        # multi-token decode batches step the tier (else they read it as it stands)
+    device: bool = False            # the tier stepped on the GPU (patch 0008): every miss uploaded, none on the CPU, no
+                                    # host round trip; a batch whose picks do not fit in the tier reads it as it stands
 
     def __post_init__(self) -> None:
         if self.lag > 0 and not self.one_per_layer:
@@ -50,6 +55,8 @@ class Mechanism:
 IDEAL = Mechanism()
 NATIVE = Mechanism(transient=False, prefetch=False)
 ENGINE = NATIVE                     # what the engine runs
+FETCH = Mechanism(transient=False, prefetch=False, device=True)   # `--policy fetch`: the GPU-stepped tier
+NATIVE_GPU_PACK = Mechanism(transient=False, prefetch=False, batch_steps=False)  # the engine's, pack on a GPU
 STAGED = Mechanism(upload_now=False, lag=1, one_per_layer=True)
 
 
@@ -113,6 +120,7 @@ class Tier:
         self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
         self.t_cpu, self.t_up = expert_ms(cost)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
+        self.t_fetch = cost.slab_mb / cost.fetch_gbps
         self._rows = np.arange(self.L)
 
     def land(self, l: int) -> tuple[int, int]:
@@ -147,6 +155,8 @@ class Tier:
         moment), decide uploads now and prefetches (prefetches with lag 0 are resident from the next token; with a
         lag they wait in `pending` until land()). Vectorised over layers except uploads now (the simulator's)."""
         mech, cap = self.mech, self.cap
+        if mech.device and ids.shape[1] > cap:
+            return self._read_only(ids, 1)
         self._score(ids)
         n_core, n_tier, ml, me, up, now_up, c = self._serve(ids)
         ms = self._ms(1, n_core + n_tier, up, c)
@@ -175,10 +185,18 @@ class Tier:
         n = ids.shape[0]
         if n == 1:
             return self.step(ids[0])
+        if (mech.device and n * ids.shape[2] > self.cap) or not mech.batch_steps:
+            return self._read_only(np.concatenate(list(ids), axis=1), n)
         for row in ids:
             self._score(row)
         n_core, n_tier, _, _, up, now_up, c = self._serve(np.concatenate(list(ids), axis=1))   # [L, n * k]
         return Step(n_core, n_tier, int(c.sum()), now_up, [], self._ms(n, n_core + n_tier, up, c))
+
+    def _read_only(self, ids: np.ndarray, n: int) -> Step:
+        """A GPU-stepped tier's batch whose picks do not fit in it (ids [L, n * k]): no scores, no uploads, the misses
+        computed on the CPU (the layer's host chain, with its round trip)."""
+        n_core, n_tier, _, _, up, _, c = self._serve(ids, place=False)
+        return Step(n_core, n_tier, int(c.sum()), [], [], self._ms(n, n_core + n_tier, up, c, split=True))
 
     def _score(self, ids: np.ndarray) -> None:
         """One token's picks ids [L, k] into the scores (all decay first)."""
@@ -186,8 +204,8 @@ class Tier:
         self.score *= self.decay
         self.score.reshape(-1)[:] += np.bincount((self._rows[:, None] * E + ids).ravel(), minlength=L * E)
 
-    def _serve(self, ids: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]],
-                                               np.ndarray]:
+    def _serve(self, ids: np.ndarray, place: bool = True) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray,
+                                                                  list[tuple[int, int]], np.ndarray]:
         """Picks ids [L, m] (one token's, or a batch's side by side) against the residents of this moment: picks
         served by the core and by the tier, then the distinct misses (by layer, then expert) less those uploaded now
         (ml, me), the uploads now per layer and as (layer, expert), the CPU misses per layer."""
@@ -198,13 +216,19 @@ class Tier:
         ml, me = key // E, key % E
         up = np.zeros(self.L, np.int64)
         now_up: list[tuple[int, int]] = []
-        if self.mech.upload_now and self.cap > 0 and key.size:
+        if place and self.mech.upload_now and self.cap > 0 and key.size:
             ml, me = self._upload_now(ml, me, ids, up, now_up)
         return int(core_hit.sum()), int(tier_hit.sum()), ml, me, up, now_up, np.bincount(ml, minlength=self.L)
 
-    def _ms(self, n_tokens: int, gpu_picks: int, up: np.ndarray, c: np.ndarray) -> float:
+    def _ms(self, n_tokens: int, gpu_picks: int, up: np.ndarray, c: np.ndarray, split: bool = False) -> float:
         """Est. time of a step of n_tokens: the base per token, resident picks on the GPU, and per layer its uploads
-        and CPU misses, concurrent (overlap) or one after the other."""
+        and CPU misses, concurrent (overlap) or one after the other. A GPU-stepped tier's step (not split): no host
+        round trip per layer (base less the split's cost), its fetch per layer, and the uploads at the GPU's fetch
+        rate."""
+        cost = self.cost
+        if self.mech.device and not split:
+            return (n_tokens * (cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
+                    + gpu_picks * self.t_gpu + float(up.sum()) * (self.t_fetch + self.t_gpu))
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 
@@ -215,7 +239,9 @@ class Tier:
         keep = np.ones(ml.size, bool)
         for l in np.unique(ml).tolist():
             idx = np.flatnonzero(ml == l)
-            if self.overlap:
+            if self.mech.device:
+                u = min(self.cap, idx.size)                         # every miss, while entries last
+            elif self.overlap:
                 u = best_split(idx.size, self.t_cpu, self.t_up, self.cap)
             else:
                 u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...profiles import policy as policy_mod
 from ...profiles.costs import CostModel
-from ...profiles.hybrid import ENGINE, simulate_hybrid
+from ...profiles.hybrid import ENGINE, FETCH, simulate_hybrid
 from ...profiles.plan import plan_from_counts
 from ...profiles.repick import Picks
 from ...profiles.simulate import layer_counts
@@ -85,17 +85,19 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
             P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
             for s in slot_counts:
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
-                tiers: dict[str, tuple[int, str]] = {}
+                tiers: dict[str, tuple[int, str, bool]] = {}
                 for pol in policies:
                     if pol == "auto":
-                        _, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost)
-                        tiers[pol] = (d, why)
+                        chosen, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost,
+                                                                  fetch=not (pack_host or mmap))
+                        tiers[pol] = (d, why, chosen == "fetch")
                     else:
-                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier), "")
+                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier), "", pol == "fetch")
                 runs: dict[str, list[TierRow]] = {pol: [] for pol in policies}
                 for rep in range(reps):
                     for pol in (policies if rep % 2 == 0 else list(reversed(policies))):
-                        runs[pol].append(_one(m, ctx, plan, tiers[pol][0], cost, toks, W, P, pack_host=pack_host))
+                        runs[pol].append(_one(m, ctx, plan, tiers[pol][0], cost, toks, W, P, pack_host=pack_host,
+                                              device=tiers[pol][2]))
                 for pol in policies:
                     row = dataclasses.replace(_median(runs[pol]), routing=name, policy=pol, chosen=tiers[pol][1])
                     rows.append(row)
@@ -117,19 +119,19 @@ def _median(rows: list[TierRow]) -> TierRow:
 
 
 def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: list[int], W: np.ndarray,
-         P: np.ndarray, *, pack_host: bool) -> TierRow:
+         P: np.ndarray, *, pack_host: bool, device: bool = False) -> TierRow:
     f = m.facts
     s = plan.slots_per_layer
     m.set_slots(plan, pack_host=pack_host)
     ctx.reset()
     ctx.decode(toks[:12], prompt=True)                             # rows 0..11: prompt
-    runner = NativeTier(m.ptr, plan, d, cost) if d else None
+    runner = NativeTier(m.ptr, plan, d, cost, device=device) if d else None
     for t in toks[12:16]:                                         # rows 12..15: graphs (the tier's too)
         ctx.decode([t])
     per = []
     try:
         if runner is not None:
-            runner.step()
+            runner.step(force=True)
             runner.counts = TierCounts()                           # count the timed rows only
         stats_mod.reset(ctx.ptr)
         for t in toks[16:16 + len(P)]:
@@ -137,7 +139,7 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
             ctx.decode([t])
             per.append(time.perf_counter() - t1)
         if runner is not None:
-            runner.step()
+            runner.step(force=True)
         c = runner.counts if runner is not None else None
     finally:
         if runner is not None:
@@ -146,9 +148,11 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
     n = len(per)
     # the simulator steps the warm-up rows 12..15 too (the engine's tier did), then counts the timed ones
     core, first = masks(plan, d, f.n_expert)
-    sim = simulate_hybrid(np.concatenate([W, P]), core, d, cost, initial=first, mech=ENGINE, warmup=len(W))
-    L, k = P.shape[1], P.shape[2]
-    return TierRow("", s, "", d, n / sum(per), 1000 * statistics.median(per), st.hit_rate,
+    sim = simulate_hybrid(np.concatenate([W, P]), core, d, cost, initial=first, mech=FETCH if device else ENGINE,
+                          warmup=len(W))
+    # a GPU-stepped tier makes every pick resident before its experts run: its hits are the tier's counts
+    hit = (c.core_hits + c.tier_hits) / max(1, P.size) if device and c else st.hit_rate
+    return TierRow("", s, "", d, n / sum(per), 1000 * statistics.median(per), hit,
                    c.tier_hits / n if c else 0.0, (c.cpu if c else int(st.misses.sum())) / n,
                    c.uploads / n if c else 0.0, c.bytes / n / 1e6 if c else 0.0, sim.hit_rate,
                    sim.sync_uploads_per_token, sim.cpu_picks_per_token, sim.ms_per_token)
@@ -160,7 +164,7 @@ TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hi
 
 
 def render_tier_row(r: TierRow) -> str:
-    pol = r.policy if r.policy != "auto" else f"auto -> {policy_mod.name(r.slots, r.tier)}"
+    pol = r.policy if r.policy != "auto" else f"auto -> {r.chosen.split(':', 1)[0]}"
     tok = f"{r.decode_tok_s:.1f}" + (f" ({r.tok_s_min:.1f}–{r.tok_s_max:.1f})" if r.reps > 1 else "")
     return (f"| {r.routing} | {r.slots} | {pol} | {r.slots - r.tier} + {r.tier} | {tok} | "
             f"{r.ms_per_token_median:.2f} | {100 * r.hit_rate:.1f} | {r.tier_hits_per_token:.2f} | "

@@ -39,8 +39,8 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
         raise UserError(f"--policy takes {', '.join(POLICIES)}, not {policy!r}")
     if policy != "static" and repick:
         raise UserError(f"--policy {policy} and --repick both move slots: choose one")
-    if tier is not None and policy != "hybrid":
-        raise UserError("--tier D sets the dynamic slots of --policy hybrid")
+    if tier is not None and policy not in ("hybrid", "fetch"):
+        raise UserError("--tier D sets the dynamic slots of --policy hybrid or fetch")
     pack_host = not native.gpus()
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
@@ -162,7 +162,10 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "(pays mostly with --no-mmap and a drifting workload)")
     c.add_argument("--policy", choices=POLICIES, default=None, help="residency: static (default: the profile's "
                    "experts stay), hybrid (the last D of each layer's slots follow the routing: misses computed on the "
-                   "CPU now, copied in for later while decoding when this machine's costs say it pays), dynamic (all "
-                   "slots do), auto (simulated on the profile under this machine's calibration; config: [app] policy)")
-    c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid: dynamic slots per layer (default S/4)")
+                   "CPU or uploaded now, whichever this machine's costs say), dynamic (all slots do), fetch (the last D "
+                   "slots follow the routing stepped by the GPU itself: every miss fetched from pinned memory, none on "
+                   "the CPU, no round trip to the host; needs --no-mmap), auto (simulated on the profile under this "
+                   "machine's calibration; config: [app] policy)")
+    c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch: dynamic slots per layer (default "
+                   "S/4, fetch S/2)")
     c.set_defaults(func=cmd_chat)

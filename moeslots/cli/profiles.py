@@ -124,7 +124,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         _check_same_model(train, test, a.train, a.trace)
     _slots_for(a.slots, max(test.n_expert, train.n_expert if train else 0), a.trace)
     cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
-                         base_ms=a.base_ms)
+                         base_ms=a.base_ms, fetch_gbps=a.fetch_gbps)
     if a.union:
         try:
             u = sim.distinct_per_batch(test, a.slots, train=train, max_batch=a.union)
@@ -170,7 +170,7 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
     from ..profiles import hybrid
     from ..profiles.profile import from_trace
 
-    mech = {"engine": hybrid.ENGINE, "staged": hybrid.STAGED}.get(a.mechanism, hybrid.IDEAL)
+    mech = {"engine": hybrid.ENGINE, "staged": hybrid.STAGED, "fetch": hybrid.FETCH}.get(a.mechanism, hybrid.IDEAL)
     try:
         tiers = [int(x) for x in tiers_arg.split(",") if x.strip()] if tiers_arg else None
         layers, P = sim.token_matrix(test)
@@ -184,6 +184,8 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
     how = {"engine": "the engine's mechanism: each token's misses split between the CPU and uploads into the tier now, "
                      "by cost, overlapped; no prefetch",
            "staged": "staged: misses on the CPU, prefetched into the tier a token later, one copy per layer in flight",
+           "fetch": f"fetch (--policy fetch): the GPU steps the tier, every miss read by it at {cost.fetch_gbps} GB/s, "
+                    "none on the CPU, no host round trip",
            }.get(a.mechanism, "ideal: misses split between CPU and uploads now by cost, overlapped; prefetches "
                  "resident from the next token")
     print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
@@ -229,9 +231,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "alone: hybrid (a static core plus a dynamic tier, sweeping --tier) or dynamic (all slots a tier)")
     si.add_argument("--tier", metavar="D1,D2", help="--policy hybrid: dynamic slots per layer to sweep (default 0, "
                     "S/8, S/4, S/2, S)")
-    si.add_argument("--mechanism", choices=["engine", "staged", "ideal"], default="engine",
+    si.add_argument("--mechanism", choices=["engine", "fetch", "staged", "ideal"], default="engine",
                     help="--policy hybrid/dynamic: how misses reach VRAM: engine (what moeslots runs: each token's "
-                    "misses split between the CPU and uploads into the tier now, by cost; default), staged (CPU now, "
+                    "misses split between the CPU and uploads into the tier now, by cost; default), fetch (what "
+                    "--policy fetch runs: the GPU steps the tier and reads every miss itself), staged (CPU now, "
                     "prefetched a token later, one copy per layer in flight) or ideal (uploads now and prefetches)")
     si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
     si.add_argument("--reelect-k", type=int, default=16)
@@ -242,6 +245,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     si.add_argument("--pcie-gbps", type=float, default=h200.pcie_gbps,
                     help="uploads (default: the H200 box's from pinned memory; pageable: 5.3)")
     si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
+    si.add_argument("--fetch-gbps", type=float, default=h200.fetch_gbps,
+                    help="--mechanism fetch: the GPU reading pinned host memory itself (default: the H200 box's)")
     si.add_argument("--base-ms", type=float, default=h200.base_ms, help="non-expert time per token")
     si.add_argument("--hybrid", nargs="?", const="", metavar="D1,D2", help="the same as --policy hybrid [--tier "
                     "D1,D2]")

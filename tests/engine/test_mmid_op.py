@@ -15,7 +15,7 @@ import pytest
 SOURCE = Path(__file__).with_name("mmid_op.cpp")
 
 
-def build_op_test(out: Path) -> Path:
+def build_op_test(out: Path, source: Path = SOURCE, name: str = "mmid_op") -> Path:
     import llama_cpp
 
     pkg = Path(llama_cpp.__file__).resolve().parent
@@ -23,8 +23,8 @@ def build_op_test(out: Path) -> Path:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    exe = out / "mmid_op"
-    subprocess.run([cxx, "-O2", "-std=c++17", str(SOURCE), f"-I{inc}", f"-L{lib}", "-lggml", "-lggml-base",
+    exe = out / name
+    subprocess.run([cxx, "-O2", "-std=c++17", str(source), f"-I{inc}", f"-L{lib}", "-lggml", "-lggml-base",
                     "-lggml-cpu", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
     return exe
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from moeslots.engine.cache import CacheError, SlotPlan, swap
 from moeslots.engine.native_tier import masks
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.profiles.costs import CostModel
-from moeslots.profiles.hybrid import NATIVE, simulate_hybrid
+from moeslots.profiles.hybrid import NATIVE, NATIVE_GPU_PACK, Tier, simulate_hybrid
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
@@ -30,6 +31,17 @@ CHUNKS = [1, 2, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 8, 1, 1, 1]
 # still equal the simulator's; logits agree with stock to GPU rounding (the GPU computes the slots' experts), not bits.
 ON_GPU = os.environ.get("MOESLOTS_TEST_PACK", "host") == "gpu"
 PACK_HOST = not ON_GPU
+
+
+def stepped_counts(rule: Tier, P: np.ndarray, sizes: list[int], steps: "Callable[[int], bool]") -> np.ndarray:
+    """The rule run over P [T, L, k] in batches of `sizes`: core hits, tier hits, uploads and CPU misses summed over
+    the batches that step the engine's tier (steps(n)); the engine counts nothing for a batch that only reads it."""
+    want = np.zeros(4, np.int64)
+    for t0, b in zip(np.cumsum([0] + sizes[:-1]).tolist(), sizes):
+        st = rule.step(P[t0]) if b == 1 else rule.step_batch(P[t0:t0 + b])
+        if steps(b):
+            want += [st.core_hits, st.tier_hits, len(st.uploads_now), st.cpu]
+    return want
 
 
 def _same(stock: list[np.ndarray], got: list[np.ndarray], what: str) -> None:
@@ -63,7 +75,8 @@ def test_the_tier_keeps_logits_exact(tiny_qwen: Path, tier: int) -> None:
         finally:
             t.close()
         _same(stock, got, f"tier of {tier}")
-        assert c.layer_tokens == sum(CHUNKS) * len(f.moe_layers)     # decode batches (1-8 tokens) step it, not prompts
+        # decode batches (1-8 tokens; with the pack on a GPU one-token ones) step it, not prompts
+        assert c.layer_tokens == (CHUNKS.count(1) if ON_GPU else sum(CHUNKS)) * len(f.moe_layers)
         assert c.uploads >= 5 and c.cpu > 0                          # EVEN: misses split both ways
         assert now != plan and all(now.slots_of(il)[:6 - tier] == plan.slots_of(il)[:6 - tier]
                                    for il in f.moe_layers)           # the core never moves
@@ -253,8 +266,14 @@ def test_the_simulator_predicts_verify_batches(tiny_glm: Path, cost: CostModel) 
             replay.set_replay(ctx.ptr, None)
         P = table.per_layer(trunk)[9:9 + sum(sizes)]
         core, first = masks(plan, 3, f.n_expert)
-        sim = simulate_hybrid(P, core, 3, cost, initial=first, mech=NATIVE, batches=sizes)
         n, L, k = sum(sizes), len(trunk), f.n_expert_used
+        if ON_GPU:       # a pack on a GPU: multi-token batches read the tier as it stands (engine/patches/README.md)
+            rule = Tier(core, 3, cost, initial=first, mech=NATIVE_GPU_PACK)
+            want = stepped_counts(rule, P, sizes, lambda b: b == 1)
+            assert c.layer_tokens == sizes.count(1) * L
+            assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist()) and c.uploads > 0
+            return
+        sim = simulate_hybrid(P, core, 3, cost, initial=first, mech=NATIVE, batches=sizes)
         assert c.layer_tokens == n * L
         assert c.core_hits + c.tier_hits == round(sim.hit_rate * n * L * k)
         assert c.tier_hits == round(sim.tier_hit_rate * sim.hit_rate * n * L * k)

@@ -23,7 +23,8 @@ from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
 CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)   # uploads pay
-DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)  # uploads never fit
+DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0,
+                 fetch_gbps=1e-6)                                                          # uploads never fit
 
 
 def _reply(e: Engine, ask: str) -> str:

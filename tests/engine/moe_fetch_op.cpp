@@ -1,0 +1,349 @@
+// GGML_OP_MOE_FETCH (moeslots patch 0008), the way llama.cpp's test-backend-ops tests an op: a tier stepped on the
+// chosen backend against a reference written here from the op's contract (ggml.h), step after step.
+//
+// Each case: E experts, k picks per token, a pack of S entries whose last D are the tier (some tier slots start
+// free), three expert tensors (gate, up, down shapes; F32, or I8 rows of an odd length so the copy's byte path
+// runs), the host experts in memory the backend reads (the device's host buffer type: pinned memory for CUDA).
+// T steps, each a batch of n tokens (k*n <= D: it steps; every fifth step is read-only, some with n*k > D), picks
+// distinct per row with a few out-of-range ids. After every step the result planes must equal the reference's; at the
+// end the map, the state (scores bit for bit, residents, in-tier flags, counts, the last step's copies) and every
+// pack entry's bytes.
+//
+// Build against an installed engine (tests/engine/test_moe_fetch_op.py, scripts/h200/fetch-op.sh):
+//   g++ -O2 -std=c++17 moe_fetch_op.cpp -I<include> -L<lib> -lggml -lggml-base -lggml-cpu -Wl,-rpath,<lib>
+// Run: moe_fetch_op [--backend CPU|CUDA0] [--steps T]
+// Prints one line per case and a summary; exit status 1 when a case fails.
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct ref_tier {
+    int64_t E, D;
+    double decay;
+    std::vector<int32_t> map;       // expert -> entry
+    std::vector<double>  score;
+    std::vector<int32_t> resident, entry, in_tier;
+    uint64_t counts[8] = { 0 };
+    std::vector<int32_t> copies;
+    std::vector<std::vector<uint8_t>> pack;  // per tensor: n_entries * slab
+    std::vector<const uint8_t *> host;        // per tensor
+    std::vector<size_t> slab;
+
+    // one batch: the contract, written plainly (victims chosen one by one, as the host tier does)
+    void step(const std::vector<int32_t> & ids, int64_t k, int64_t n) {
+        std::vector<int32_t> picked(E, 0);
+        for (int64_t r = 0; r < n; ++r) {
+            for (double & s : score) {
+                s *= decay;
+            }
+            for (int64_t j = 0; j < k; ++j) {
+                const int32_t e = ids[r*k + j];
+                if (e < 0 || e >= E) {
+                    continue;
+                }
+                if (map[e] >= 0) {
+                    counts[in_tier[e] ? 2 : 1]++;
+                }
+                score[e] += 1.0;
+                picked[e] = 1;
+            }
+        }
+        std::vector<int32_t> miss;
+        for (int32_t e = 0; e < E; ++e) {
+            if (picked[e] && map[e] < 0) {
+                miss.push_back(e);
+            }
+        }
+        std::stable_sort(miss.begin(), miss.end(), [&](int32_t a, int32_t b) { return score[a] > score[b]; });
+        copies.assign(1 + 2*D, 0);
+        int32_t placed = 0;
+        for (int32_t e : miss) {
+            int32_t v = -1;
+            for (int32_t j = 0; j < D; ++j) {
+                const int32_t r = resident[j];
+                if (r >= 0 && picked[r]) {
+                    continue;
+                }
+                if (r < 0) {
+                    v = j;
+                    break;
+                }
+                const int32_t w = v < 0 ? -1 : resident[v];
+                if (v < 0 || score[r] < score[w] || (score[r] == score[w] && r < w)) {
+                    v = j;
+                }
+            }
+            if (v < 0) {
+                break;
+            }
+            const int32_t old = resident[v];
+            if (old >= 0) {
+                map[old] = -1;
+                in_tier[old] = 0;
+            }
+            map[e] = entry[v];
+            in_tier[e] = 1;
+            resident[v] = e;
+            for (size_t t = 0; t < pack.size(); ++t) {
+                memcpy(pack[t].data() + entry[v]*slab[t], host[t] + e*slab[t], slab[t]);
+                counts[4] += slab[t];
+            }
+            copies[1 + 2*placed] = e;
+            copies[2 + 2*placed] = entry[v];
+            placed++;
+        }
+        copies[0] = placed;
+        counts[0] += (uint64_t) n;
+        counts[3] += (uint64_t) placed;
+    }
+
+    void planes(const std::vector<int32_t> & ids, std::vector<int32_t> & out) const {
+        const size_t m = ids.size();
+        out.assign(2*m, -1);
+        for (size_t i = 0; i < m; ++i) {
+            const int32_t e = ids[i];
+            if (e >= 0 && e < E) {
+                out[i]     = map[e];
+                out[m + i] = map[e] < 0 ? e : -1;
+            }
+        }
+    }
+};
+
+struct shape {
+    int64_t E, k, S, D;
+    ggml_type type;
+    int64_t ne0, ne1; // one expert tensor's rows
+    int     max_n;
+};
+
+template <typename T>
+bool same(const char * what, const T * a, const T * b, size_t n, std::string & why) {
+    if (memcmp(a, b, n*sizeof(T)) != 0) {
+        why = what;
+        return false;
+    }
+    return true;
+}
+
+bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, const shape & sh, int steps, uint32_t seed,
+              std::string & why) {
+    std::mt19937 rng(seed);
+    const int64_t E = sh.E, k = sh.k, S = sh.S, D = sh.D;
+    const int n_t = 3;
+    const double decay = 0.95;
+
+    // host experts, in host_buft
+    ggml_init_params hp = { (size_t) n_t*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * hctx = ggml_init(hp);
+    ggml_tensor * host_t[n_t];
+    for (int t = 0; t < n_t; ++t) {
+        host_t[t] = ggml_new_tensor_3d(hctx, sh.type, sh.ne0, sh.ne1 + t, E);
+    }
+    ggml_backend_buffer_t hbuf = ggml_backend_alloc_ctx_tensors_from_buft(hctx, host_buft);
+    if (!hbuf || !ggml_backend_buffer_is_host(hbuf)) {
+        why = "no host buffer";
+        return false;
+    }
+    for (int t = 0; t < n_t; ++t) {
+        uint8_t * p = (uint8_t *) host_t[t]->data;
+        for (size_t i = 0; i < ggml_nbytes(host_t[t]); ++i) {
+            p[i] = (uint8_t) rng();
+        }
+    }
+
+    // the backend's pack, map and state
+    const size_t state_size = ggml_moe_fetch_state_offset(E, D, GGML_MOE_FETCH_SIZE);
+    ggml_init_params dp = { (size_t) (n_t + 2)*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * dctx = ggml_init(dp);
+    ggml_tensor * pack_t[n_t];
+    for (int t = 0; t < n_t; ++t) {
+        pack_t[t] = ggml_new_tensor_3d(dctx, sh.type, sh.ne0, sh.ne1 + t, S);
+    }
+    ggml_tensor * map_t   = ggml_new_tensor_1d(dctx, GGML_TYPE_I32, E);
+    ggml_tensor * state_t = ggml_new_tensor_1d(dctx, GGML_TYPE_I8, (int64_t) state_size);
+    ggml_backend_buffer_t dbuf = ggml_backend_alloc_ctx_tensors(dctx, backend);
+
+    // the plan: S experts at random, the last D pack entries the tier, a few of its slots free
+    ref_tier ref;
+    ref.E = E; ref.D = D; ref.decay = decay;
+    std::vector<int32_t> perm(E);
+    for (int32_t e = 0; e < E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ref.map.assign(E, -1);
+    ref.score.assign(E, 0.0);
+    ref.in_tier.assign(E, 0);
+    for (int64_t j = 0; j < S; ++j) {
+        const bool tier = j >= S - D;
+        const bool free_slot = tier && rng() % 5 == 0;
+        if (!free_slot) {
+            ref.map[perm[j]] = (int32_t) j;
+        }
+        if (tier) {
+            ref.resident.push_back(free_slot ? -1 : perm[j]);
+            ref.entry.push_back((int32_t) j);
+            if (!free_slot) ref.in_tier[perm[j]] = 1;
+        }
+    }
+    for (int t = 0; t < n_t; ++t) {
+        const size_t slab = host_t[t]->nb[2];
+        ref.slab.push_back(slab);
+        ref.host.push_back((const uint8_t *) host_t[t]->data);
+        std::vector<uint8_t> img(S*slab);
+        for (int64_t j = 0; j < S; ++j) {
+            int32_t e = -1;
+            for (int32_t x = 0; x < E; ++x) if (ref.map[x] == j) e = x;
+            if (e >= 0) memcpy(img.data() + j*slab, ref.host[t] + e*slab, slab);
+            else memset(img.data() + j*slab, 0xab, slab);
+        }
+        ref.pack.push_back(img);
+        ggml_backend_tensor_set(pack_t[t], img.data(), 0, img.size());
+    }
+    ggml_backend_tensor_set(map_t, ref.map.data(), 0, E*sizeof(int32_t));
+    std::vector<uint8_t> st(state_size, 0);
+    auto at = [&](ggml_moe_fetch_part p) { return st.data() + ggml_moe_fetch_state_offset(E, D, p); };
+    memcpy(at(GGML_MOE_FETCH_RESIDENT), ref.resident.data(), D*sizeof(int32_t));
+    memcpy(at(GGML_MOE_FETCH_ENTRY), ref.entry.data(), D*sizeof(int32_t));
+    memcpy(at(GGML_MOE_FETCH_IN_TIER), ref.in_tier.data(), E*sizeof(int32_t));
+    ggml_backend_tensor_set(state_t, st.data(), 0, state_size);
+
+    bool ok = true;
+    std::vector<int32_t> last_copies(1 + 2*D, 0);
+    for (int s = 0; s < steps && ok; ++s) {
+        const bool read_only = s % 5 == 4;
+        int n = 1 + (int) (rng() % sh.max_n);
+        if (!read_only) {
+            n = std::max(1, std::min<int>(n, (int) (D / k)));
+        }
+        std::vector<int32_t> ids(k*n);
+        for (int r = 0; r < n; ++r) {
+            // skewed picks (every seventh expert favoured), distinct in the row: hits, misses and ties all occur
+            std::vector<int32_t> row(E);
+            std::vector<double> key(E);
+            for (int32_t e = 0; e < E; ++e) {
+                row[e] = e;
+                key[e] = (double) (rng() % 1000) * (1 + e % 7);
+            }
+            std::partial_sort(row.begin(), row.begin() + k, row.end(), [&](int32_t a, int32_t b) {
+                return key[a] < key[b] || (key[a] == key[b] && a < b);
+            });
+            for (int j = 0; j < k; ++j) {
+                ids[r*k + j] = rng() % 97 == 0 ? (rng() % 2 ? -1 : (int32_t) E + 3) : row[j];
+            }
+        }
+        ggml_init_params gp = { 16*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+        ggml_context * gctx = ggml_init(gp);
+        ggml_tensor * ids_t = ggml_new_tensor_2d(gctx, GGML_TYPE_I32, k, n);
+        ggml_set_input(ids_t);
+        const void * host[n_t];
+        for (int t = 0; t < n_t; ++t) host[t] = host_t[t]->data;
+        ggml_tensor * out_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, pack_t, n_t, host, (int) D, decay, !read_only);
+        ggml_set_output(out_t);
+        ggml_cgraph * gf = ggml_new_graph(gctx);
+        ggml_build_forward_expand(gf, out_t);
+        ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+        ggml_gallocr_alloc_graph(galloc, gf);
+        ggml_backend_tensor_set(ids_t, ids.data(), 0, ids.size()*sizeof(int32_t));
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            why = "compute failed";
+            ok = false;
+        }
+        std::vector<int32_t> got(2*k*n), want;
+        ggml_backend_tensor_get(out_t, got.data(), 0, got.size()*sizeof(int32_t));
+        if (!read_only) {
+            ref.step(ids, k, n);
+            last_copies = ref.copies;
+        }
+        ref.planes(ids, want);
+        if (ok && got != want) {
+            why = "result planes differ at step " + std::to_string(s);
+            ok = false;
+        }
+        ggml_gallocr_free(galloc);
+        ggml_free(gctx);
+    }
+    if (ok) {
+        std::vector<int32_t> map(E);
+        ggml_backend_tensor_get(map_t, map.data(), 0, E*sizeof(int32_t));
+        ggml_backend_tensor_get(state_t, st.data(), 0, state_size);
+        ok = same("map", map.data(), ref.map.data(), E, why) &&
+             same("scores", (const double *) at(GGML_MOE_FETCH_SCORE), ref.score.data(), E, why) &&
+             same("residents", (const int32_t *) at(GGML_MOE_FETCH_RESIDENT), ref.resident.data(), D, why) &&
+             same("in-tier flags", (const int32_t *) at(GGML_MOE_FETCH_IN_TIER), ref.in_tier.data(), E, why) &&
+             same("counts", (const uint64_t *) at(GGML_MOE_FETCH_COUNTS), ref.counts, 8, why) &&
+             same("the last step's copies", (const int32_t *) at(GGML_MOE_FETCH_COPIES), last_copies.data(),
+                  1 + 2*(size_t) ((const int32_t *) at(GGML_MOE_FETCH_COPIES))[0], why);
+        for (int t = 0; ok && t < n_t; ++t) {
+            std::vector<uint8_t> img(ref.pack[t].size());
+            ggml_backend_tensor_get(pack_t[t], img.data(), 0, img.size());
+            ok = same("pack bytes", img.data(), ref.pack[t].data(), img.size(), why);
+        }
+        if (ok && ref.counts[3] == 0) {
+            why = "no copy happened: the case tests nothing";
+            ok = false;
+        }
+    }
+    ggml_backend_buffer_free(dbuf);
+    ggml_free(dctx);
+    ggml_backend_buffer_free(hbuf);
+    ggml_free(hctx);
+    return ok;
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    std::string name = "CPU";
+    int steps = 200;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--backend" && i + 1 < argc) { name = argv[++i]; }
+        else if (a == "--steps" && i + 1 < argc) { steps = atoi(argv[++i]); }
+        else { fprintf(stderr, "usage: %s [--backend NAME] [--steps T]\n", argv[0]); return 2; }
+    }
+    ggml_backend_t backend = ggml_backend_init_by_name(name.c_str(), nullptr);
+    if (backend == nullptr) {
+        fprintf(stderr, "no backend named %s\n", name.c_str());
+        return 2;
+    }
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    ggml_backend_buffer_type_t host_buft = is_cpu ? ggml_backend_cpu_buffer_type() : ggml_backend_dev_host_buffer_type(dev);
+    if (host_buft == nullptr) {
+        fprintf(stderr, "%s has no host buffer type\n", name.c_str());
+        return 2;
+    }
+    printf("backend %s, host experts in %s\n", ggml_backend_name(backend), ggml_backend_buft_name(host_buft));
+    const shape shapes[] = {
+        { 16,  4,  8,  4, GGML_TYPE_F32,  32,  4, 2 },  // a tiny model's layer: one token fills the tier
+        { 16,  4, 12, 12, GGML_TYPE_F32,  32,  4, 4 },  // every slot a tier
+        { 128, 8, 64, 32, GGML_TYPE_F32, 256, 12, 8 },  // 30B-A3B-like counts, verify batches of up to 4 stepping
+        { 256, 8, 96, 64, GGML_TYPE_I8,   37,  5, 8 },  // 256 experts, odd slabs (the byte copy), batches of 8
+        { 64,  6, 40, 40, GGML_TYPE_I8,   19,  3, 8 },
+    };
+    int n_pass = 0, n_fail = 0;
+    uint32_t seed = 1;
+    for (const shape & sh : shapes) {
+        std::string why;
+        const bool ok = run_case(backend, host_buft, sh, steps, seed++, why);
+        printf("%s E=%lld k=%lld S=%lld D=%lld %s%s%s\n", ok ? "ok  " : "FAIL", (long long) sh.E, (long long) sh.k,
+               (long long) sh.S, (long long) sh.D, ggml_type_name(sh.type), ok ? "" : ": ", why.c_str());
+        (ok ? n_pass : n_fail)++;
+    }
+    printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
+    ggml_backend_free(backend);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,143 @@
+"""The tier stepped on the device that holds the pack (patch 0008, GGML_OP_MOE_FETCH, `--policy fetch`): every miss
+of a decode batch whose picks fit in the tier is copied into it by the device itself, none is computed on the CPU,
+and the layer runs without its host chain; other batches read the tier as it stands. It never changes the output
+(bit-identical logits to stock on the CPU, GPU rounding with MOESLOTS_TEST_PACK=gpu), its counts equal the
+simulator's (profiles.hybrid with the FETCH mechanism) exactly, and when it ends the host chain's map follows the
+device's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exactness import _tokens
+from moeslots.engine import native_tier, replay
+from moeslots.engine import stats as stats_mod
+from moeslots.engine.cache import CacheError, SlotPlan, swap
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.native_tier import masks
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.hybrid import ENGINE, FETCH, Tier, simulate_hybrid
+from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
+
+COST = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)
+# with the pack on the GPU, the GPU reads the experts from pinned host memory: the models load without mmap
+LOAD = LoadOptions(extra_bufts=False, use_mmap=not ON_GPU)
+
+
+@pytest.mark.parametrize("slots,tier", [(12, 8), (12, 12)])       # a core + tier, all slots a tier
+def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: int, tier: int) -> None:
+    """A prompt, then decode batches of 1..8 tokens: batches whose picks fit (k * n <= tier) step it, the others
+    read it as it stands (their misses on the CPU). Logits equal stock's; afterwards, with the tier off, the host
+    chain's map follows where the tier left the experts (checked: with the host map not rebuilt, the decodes after
+    the tier differ from stock)."""
+    with Model(tiny_qwen, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        k = f.n_expert_used
+        ctx.enable_stats(ring_rows=4096)
+        stock = _script(ctx)
+        plan = SlotPlan.uniform(f.moe_layers, slots, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        t = native_tier.NativeTier(m.ptr, plan, tier, COST, device=True)
+        try:
+            got = _script(ctx)
+            t.step(force=True)
+            c, now = t.counts, t.refresh()
+        finally:
+            t.close()
+        _same(stock, got, f"fetch tier of {tier}")
+        stepped = sum(n for n in CHUNKS if n * k <= tier)
+        assert c.layer_tokens == stepped * len(f.moe_layers)
+        assert c.uploads > 0 and c.cpu == 0 and c.bytes == c.uploads * f.slab_bytes
+        assert all(now.slots_of(il)[:slots - tier] == plan.slots_of(il)[:slots - tier] for il in f.moe_layers)
+        assert all(len(set(now.slots_of(il))) == slots for il in f.moe_layers)
+        assert now != plan
+        # the tier is off: the slots hold what it left; the host chain must compute exactly the others
+        after = _script(ctx)
+        _same(stock, after, "static after the fetch tier")
+
+
+def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, table: replay.ReplayTable,
+              chunks: list[int]) -> native_tier.TierCounts:
+    m.set_slots(plan, pack_host=PACK_HOST)
+    ctx.reset()
+    replay.set_replay(ctx.ptr, table)
+    toks = _tokens(m.n_vocab, 8 + sum(chunks), 2)
+    ctx.decode(toks[:8], prompt=True)
+    stats_mod.reset(ctx.ptr)
+    t = native_tier.NativeTier(m.ptr, plan, tier, COST, device=True)
+    try:
+        i = 8
+        for n in chunks:
+            ctx.decode(toks[i:i + n], all_logits=True)
+            i += n
+            t.step(n)
+        t.step(0, force=True)
+        return t.counts
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("slots,tier", [(8, 4), (12, 8), (8, 8)])
+@pytest.mark.parametrize("batched", [False, True], ids=["one-token", "verify-batches"])
+def test_the_simulator_predicts_the_fetch_tier(tiny_glm: Path, slots: int, tier: int, batched: bool) -> None:
+    """The bundled chat trace replayed from position 8, one token at a time or in MTP-like verify batches of 1..8
+    (those over the tier read it as it stands): core hits, tier hits, uploads and bytes equal the simulator's with
+    the FETCH mechanism, and no miss is computed on the CPU in a stepped batch. (Checked: the same counts differ
+    from the ENGINE mechanism's, which splits misses with the CPU.)"""
+    chunks = (CHUNKS * 5)[:40] if batched else [1] * 80
+    with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        ctx.enable_stats(ring_rows=0)
+        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
+        plan = SlotPlan.uniform(trunk, slots, f.n_expert, offset=5)
+        c = _replayed(m, ctx, plan, tier, table, chunks)
+        n = sum(chunks)
+        P = table.per_layer(trunk)[8:8 + n]
+        core, first = masks(plan, tier, f.n_expert)
+        L, k = len(trunk), f.n_expert_used
+        # the rule batch by batch: the engine counts the batches that step the tier (the others only read it)
+        want = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks, lambda b: b * k <= tier)
+        read_only = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks,
+                                   lambda b: b * k > tier)
+        read_only_cpu = int(read_only[3])
+        stepped = sum(b for b in chunks if b * k <= tier)
+        assert c.layer_tokens == stepped * L
+        assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
+        assert c.uploads > 10 and c.bytes == c.uploads * f.slab_bytes
+        assert read_only_cpu > 0 or stepped == n
+        if not batched:
+            sim = simulate_hybrid(P, core, tier, COST, initial=first, mech=FETCH)
+            assert c.uploads == round(sim.sync_uploads_per_token * n) and sim.cpu_picks_per_token == 0
+            host = simulate_hybrid(P, core, tier, COST, initial=first, mech=ENGINE)
+            assert round(host.sync_uploads_per_token * n) != c.uploads
+
+
+def test_the_fetch_tier_owns_its_slots(tiny_glm: Path) -> None:
+    """While a fetch tier is on, swaps are refused; a tier larger than a layer's slots is refused and changes
+    nothing; residents start as the plan's last slots; off again, swaps work."""
+    with Model(tiny_glm, LOAD) as m:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        plan = SlotPlan.uniform(trunk, 6, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        with pytest.raises(CacheError):
+            native_tier.set_tier(m.ptr, 7, None, device=True)
+        assert native_tier.set_tier(m.ptr, 4, None, device=True) == len(trunk)
+        with pytest.raises(CacheError):
+            swap(m.ptr, trunk[0], 0, 12)
+        assert native_tier.residents(m.ptr, trunk[0], 4) == plan.slots_of(trunk[0])[2:]
+        assert native_tier.read_counts(m.ptr) == native_tier.TierCounts()
+        native_tier.set_tier(m.ptr, 0, None, device=True)
+        assert swap(m.ptr, trunk[0], 0, 12) > 0
+
+
+def test_fetch_needs_pinned_experts_at_the_command_line(tiny_glm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench repick --policy fetch` on mmap'ed experts: one clear line, no traceback."""
+    from moeslots.cli.main import main
+
+    rc = main(["bench", "repick", str(tiny_glm), "--policy", "fetch", "--slots", "6"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "pinned host memory" in err and "Traceback" not in err
