@@ -9,7 +9,8 @@
 #                                                   # LIMIT s (540) with $OUT/sidebyside.md and .json so far
 #   STAGE=collect bash scripts/h200/sidebyside.sh   # waits up to LIMIT s more for it; the table again
 # ROUTING (default: random tokens and the routing donor's chat trace, sampled), N (decode tokens, 64), REPS (1),
-# POLICIES (moeslots', static,hybrid,dynamic,auto). Without a llama-bench build, moeslots' columns alone.
+# POLICIES (moeslots', static,hybrid,dynamic,auto), LOADS (pinned,mmap; fetch needs pinned); FIRST=1: after the
+# build's tests, the op test over CUDA and a first static/fetch reading at 64 slots, 6 threads. Without a llama-bench build, moeslots' columns alone.
 # The costs the tier and `--policy auto` use are written into the config as a calibration: the CPU expert rate at 16
 # and 6 threads from `bench decode --timing` on this box (the CPU split's compute minus its fixed part at 127 slots),
 # uploads from its `doctor --calibrate` (pinned single-slab and pageable rates).
@@ -36,9 +37,12 @@ if [ "$STAGE" = build ]; then
     sleep 5
   done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null; tail -3 $B/llb-build.txt 2>/dev/null
-  if [ -f /tmp/site/.moeslots-cuda ]; then   # the tier's placement and uploads with the pack on the GPU
-    ( cd /tmp && MOESLOTS_TEST_PACK=gpu timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-        $R/tests/engine/test_native_tier.py 2>&1 | tail -15 )
+  if [ -f /tmp/site/.moeslots-cuda ]; then   # both tiers' placement and uploads with the pack on the GPU
+    ( cd /tmp && MOESLOTS_TEST_PACK=gpu timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+        $R/tests/engine/test_native_tier.py $R/tests/engine/test_fetch_tier.py 2>&1 | tail -15 )
+    bash scripts/h200/fetch-op.sh | tail -7
+    [ -n "${FIRST:-}" ] && [ -f /tmp/big.gguf ] && (cd /tmp && timeout 240 $M bench repick /tmp/big.gguf --every 0 \
+        --policy static,fetch --slots 64 --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -6)
   fi
 else
   # STAGE=run starts the measurement (unless it is running or done), STAGE=collect only waits; both return after
@@ -54,13 +58,14 @@ else
   python3 -P - <<'EOF'
 from moeslots.engine import calibrate
 c = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="big.gguf", slab_mb=2.654208,
-                          upload_pageable_gbps=5.34, upload_pinned_gbps=26.8, cpu_gbps=63.4, base_ms=4.4,
+                          upload_pageable_gbps=5.34, upload_pinned_gbps=26.8, cpu_gbps=63.4, base_ms=8.8,
                           method="split", threads=16, cpu_threads=(6, 16), cpu_gbps_threads=(31.1, 63.4))
 print("costs written:", calibrate.save(c), c.render())
 EOF
     if [ -x $L/build/bin/llama-bench ]; then
       setsid nohup bash -c "PYTHON=python3 bash scripts/sidebyside/run.sh /tmp/big.gguf $L/build/bin/llama-bench \
           --out /tmp/sbs --routing '$ROUTING' -n $N -r $REPS --policies ${POLICIES:-static,hybrid,dynamic,auto} \
+          --load ${LOADS:-pinned,mmap} \
           > $B/sbs.txt 2>&1; echo \"sbs rc \$?\" >> $B/sbs.txt" > /dev/null 2>&1 &
     else   # moeslots' columns alone, pinned, 16 and 6 threads
       echo "no llama-bench: moeslots alone"
