@@ -80,7 +80,7 @@ class Residency:
         else:
             self.device = cfg.policy == "fetch"
             try:
-                self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier)
+                self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier, used=self.eng.model.facts.n_expert_used)
             except ValueError as e:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
             pol = "fetch" if self.device and self.tier_d else policy_mod.name(S, self.tier_d)
@@ -139,9 +139,16 @@ class Residency:
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
 
     def generation_ended(self) -> None:
-        """The reply's decodes are done (eng._lock held): a tier end asked for during them happens now."""
+        """The reply's decodes are done (eng._lock held): a tier end asked for during them happens now; a GPU-stepped
+        tier's counts (read every few tokens while decoding) are read up to the reply's last token."""
         if self.end_tier_pending:
             self._end_tier()
+        elif self.tier is not None and self.tier.device:
+            before = self.tier.counts.bytes
+            plan = self.tier.step(0, force=True)
+            self.eng._upload_bytes += self.tier.counts.bytes - before
+            if plan is not None:
+                self.eng._plan = plan
 
     def _close_tier(self) -> None:
         if self.tier is not None:

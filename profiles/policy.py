@@ -17,9 +17,10 @@ POLICIES = ("static", "hybrid", "dynamic", "fetch", "auto")
 MAX_SCORED = 512          # tokens `auto` scores (the last ones of the profile): a load-time decision, kept short
 
 
-def tier_slots(policy: str, slots: int, tier: int | None = None) -> int:
+def tier_slots(policy: str, slots: int, tier: int | None = None, used: int = 0) -> int:
     """Dynamic slots per layer of `slots` under a policy: static 0, dynamic all, hybrid `tier` (default S/4, at
-    least 1 when there are slots), fetch `tier` (default S/2)."""
+    least 1 when there are slots), fetch `tier` (default S/2, at least one token's `used` experts: a GPU-stepped tier
+    moves only in batches whose picks fit in it)."""
     if policy not in POLICIES or policy == "auto":
         raise ValueError(f"policy {policy!r}: one of static, hybrid, dynamic, fetch" + (" (auto is decided first)"
                                                                                         if policy == "auto" else ""))
@@ -27,10 +28,13 @@ def tier_slots(policy: str, slots: int, tier: int | None = None) -> int:
         return 0
     if policy == "dynamic":
         return slots
-    default = max(1, slots // 2) if policy == "fetch" else max(1, slots // 4)
+    default = min(slots, max(1, slots // 2, used)) if policy == "fetch" else max(1, slots // 4)
     d = default if tier is None else tier
     if not 0 <= d <= slots:
         raise ValueError(f"a tier of {d} slots: the layer has {slots}")
+    if policy == "fetch" and d < used:
+        raise ValueError(f"a tier of {d} slots holds fewer than one token's {used} experts, so the GPU would never "
+                         f"step it: give --tier {used} or more (of {slots})")
     return d
 
 
@@ -64,7 +68,8 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
         core, first = core_and_tier(counts, slots, d)
         results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=mech), d, False))
     if fetch:
-        for d in sorted({max(1, slots // 4), slots // 2, slots} - {0}):
+        k = int(P.shape[2]) if P.ndim == 3 else 1
+        for d in sorted(d for d in {max(1, slots // 4), slots // 2, slots} if d >= k):
             core, first = core_and_tier(counts, slots, d)
             results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=FETCH), d, True))
     static = results[0][0]

@@ -92,7 +92,7 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                                                                   fetch=not (pack_host or mmap))
                         tiers[pol] = (d, why, chosen == "fetch")
                     else:
-                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier), "", pol == "fetch")
+                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), "", pol == "fetch")
                 runs: dict[str, list[TierRow]] = {pol: [] for pol in policies}
                 for rep in range(reps):
                     for pol in (policies if rep % 2 == 0 else list(reversed(policies))):

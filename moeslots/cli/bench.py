@@ -153,7 +153,7 @@ def _common(p: argparse.ArgumentParser, *, slots: str = SLOTS) -> None:
     p.add_argument("--no-mmap", action="store_true", help="load experts into (pinned) host memory, not mmap")
     p.add_argument("--pack-host", action="store_true", help="hot packs in host memory (CPU-only testing)")
     p.add_argument("--async-cpu", action=argparse.BooleanOptionalAction, default=False,
-                   help="host chain overlapping the GPU chain (patch 0008; off by default: no gain measured on the "
+                   help="host chain overlapping the GPU chain (patch 0002; off by default: no gain measured on the "
                    "H200 box)")
     p.add_argument("--json", help="also write the rows as JSON")
 
