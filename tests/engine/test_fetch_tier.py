@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exactness import _tokens
@@ -141,3 +142,59 @@ def test_fetch_needs_pinned_experts_at_the_command_line(tiny_glm: Path, capsys: 
     rc = main(["bench", "repick", str(tiny_glm), "--policy", "fetch", "--slots", "6"])
     err = capsys.readouterr().err
     assert rc != 0 and "pinned host memory" in err and "Traceback" not in err
+
+
+def test_a_freed_owner_hands_the_fetch_tier_over(tiny_glm: Path) -> None:
+    """The context that stepped the tier is freed: the next context steps it (before, the owner stayed the freed
+    context, and every later one computed the tiered layers' experts in host memory)."""
+    with Model(tiny_glm, LOAD) as m:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        plan = SlotPlan.uniform(trunk, 8, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        t = native_tier.NativeTier(m.ptr, plan, 4, COST, device=True)
+        toks = _tokens(m.n_vocab, 12, 2)
+        stepped = []
+        try:
+            for _ in range(2):
+                with Context(m, n_ctx=64, threads=2) as ctx:
+                    ctx.decode(toks[:8], prompt=True)
+                    for tok in toks[8:12]:
+                        ctx.decode([tok])
+                t.step(0, force=True)
+                stepped.append(t.counts.layer_tokens)
+        finally:
+            t.close()
+        assert stepped == [4 * len(trunk), 8 * len(trunk)]
+
+
+def test_stats_count_each_batch_once_and_where_it_was_served(tiny_glm: Path) -> None:
+    """A stepped one-token decode, then an 8-token batch that only reads the tier (k * 8 > the tier): the routing
+    stats count the batch's picks once (before, the stepped token's ids, left on the device, were counted again), and
+    its hits are the picks resident in the slots the device left (the host map is not kept while the tier moves)."""
+    with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=128, threads=2) as ctx:
+        f = m.facts
+        k = f.n_expert_used
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        plan = SlotPlan.uniform(trunk, 8, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        ctx.enable_stats(ring_rows=1024)
+        toks = _tokens(m.n_vocab, 40, 2)
+        t = native_tier.NativeTier(m.ptr, plan, 4, COST, device=True)
+        try:
+            ctx.decode(toks[:8], prompt=True)
+            for tok in toks[8:20]:
+                ctx.decode([tok])                                   # stepped
+            slots = {il: set(plan.slots_of(il)[:4]) | set(native_tier.residents(m.ptr, il, 4)) for il in trunk}
+            before = ctx.read_stats()
+            ctx.decode(toks[20:28], all_logits=True)                # read only
+            after = ctx.read_stats()
+        finally:
+            t.close()
+        picks = (after.picks_decode.astype(np.int64) - before.picks_decode.astype(np.int64)).reshape(-1, f.n_expert)
+        assert all(int(picks[il].sum()) == 8 * k for il in trunk)
+        rows = [r for r in after.ring if 20 <= int(r[0]) < 28]
+        assert len(rows) == 8 * len(trunk)
+        want = {il: sum(int(e) in slots[il] for r in rows if int(r[1]) == il for e in r[2:]) for il in trunk}
+        got = {il: int(after.hits[il] - before.hits[il]) for il in trunk}
+        assert got == want and 0 < sum(want.values()) < 8 * k * len(trunk)
