@@ -52,9 +52,10 @@ class EngineConfig:
     repick_auto_every: int = 0                      # after set_repick_auto: decide again every N decode tokens from
                                                     # this session's routing (0: the load-time decision stands)
     policy: str = "static"                          # residency: static | hybrid (a core + a dynamic tier) | dynamic
-                                                    # (all slots a tier) | auto (simulated on the profile under this
+                                                    # (all slots a tier) | fetch (a core + a tier the GPU steps;
+                                                    # pinned experts) | auto (simulated on the profile under this
                                                     # machine's costs): profiles.policy, engine.native_tier
-    tier: int | None = None                         # hybrid: dynamic slots per layer (None: S/4)
+    tier: int | None = None                         # hybrid / fetch: dynamic slots per layer (None: S/4 / S/2)
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -165,7 +166,7 @@ class Snapshot:
     reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
     mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
     n_expert: int = 0                     # experts per layer of the model (0: not known)
-    policy: str = "static"                # residency policy in force: static, hybrid, dynamic (engine.native_tier)
+    policy: str = "static"                # residency policy in force: static, hybrid, dynamic, fetch (engine.native_tier)
     tier_slots: int = 0                   # dynamic slots per layer (the last ones of each layer's slots)
     policy_line: str = ""                 # the policy in force, or `--policy auto`'s decision and why ("" no slots)
     split_per_token: tuple[float, float, float] = (0.0, 0.0, 0.0)   # decode picks per token served by the core
