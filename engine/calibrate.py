@@ -11,6 +11,9 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   stats, so cpu_gbps = (CPU bytes/token at 0 - at S) / (t0 - tS) and base_ms = t0 - CPU bytes at 0 / cpu_gbps.
   Without a GPU (hot packs in host memory) both chains run on the CPU and t0 ~ tS: the rate is then the 0-slot
   routed bytes over the whole token time (a lower bound), and the result says so.
+- the GPU-stepped tier's upload rate (with a GPU, pinned memory; `--policy fetch`): decode with uniform replayed
+  routing and every slot a tier at S and at S/2 slots; the bytes the tier copied per token are counted by the engine,
+  so fetch_gbps = (bytes/token at S/2 - at S) / (t(S/2) - t(S)).
 - prompt batches (with a GPU): a 512-token prompt at S slots with the experts that are not in slots streamed to the
   GPU (llama.cpp's op-offload, batches >= 32) and computed on the CPU, from pageable and from pinned memory; the
   engine's contexts take the faster way (`prompt_path`).
@@ -38,6 +41,7 @@ from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
 from .model import Context, LoadOptions, Model, default_threads
+from .native_tier import NativeTier, TierCounts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +91,8 @@ class Calibration:
     def render(self) -> str:
         up = [f"{v:.1f} GB/s {what}" for v, what in (
             (self.upload_pinned_gbps, "pinned batched"), (self.upload_pinned_single_gbps, "pinned single"),
-            (self.upload_pageable_gbps, "pageable batched"), (self.upload_pageable_single_gbps, "pageable single"))
+            (self.upload_pageable_gbps, "pageable batched"), (self.upload_pageable_single_gbps, "pageable single"),
+            (self.fetch_gbps, "read by the GPU (--policy fetch)"))
             if v]
         by = ", ".join(f"{t}: {g:.1f}" for t, g in zip(self.cpu_threads, self.cpu_gbps_threads))
         return (f"{self.machine}: uploads {'; '.join(up) or 'not measured'}; CPU experts {self.cpu_gbps:.1f} GB/s"
@@ -208,6 +213,44 @@ def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, round
     return (nbytes / dt / 1e9 if dt > 0 else 0.0), (float(np.median(one)) / 1e9 if one else 0.0)
 
 
+def _fetch_gbps(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pack_host: bool,
+                log: Callable[[str], None]) -> float:
+    """The GPU-stepped tier's uploads, GB/s (0: not measurable): decode at S and S/2 slots per layer, every slot a
+    tier, under uniform replayed routing; the difference in bytes copied per token over the difference in time."""
+    f = m.facts
+    sizes = sorted({s for s in (S, S // 2) if f.n_expert_used <= s < f.n_expert}, reverse=True)
+    if len(sizes) < 2:
+        return 0.0
+    toks = [int(t) for t in np.random.default_rng(3).integers(0, m.n_vocab - 16, n_tokens + 9)]
+    res = []
+    with Context(m, n_ctx=n_tokens + 64, threads=threads) as ctx:
+        replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
+        for s in sizes:
+            plan = SlotPlan({il: tuple(range(s)) for il in moe})
+            m.set_slots(plan, pack_host=pack_host)
+            ctx.reset()
+            ctx.decode(toks[:8], prompt=True)
+            tier = NativeTier(m.ptr, plan, s, CostModel(), device=True)
+            try:
+                ctx.decode([toks[8]])                       # graphs for this configuration
+                tier.step(force=True)
+                tier.counts = TierCounts()
+                per = []
+                for t in toks[9:]:
+                    t1 = time.perf_counter()
+                    ctx.decode([t])
+                    per.append(time.perf_counter() - t1)
+                tier.step(0, force=True)
+                res.append((float(np.median(per)) * 1e3, tier.counts.bytes / len(per) / 1e6))
+            finally:
+                tier.close()
+            log(f"GPU-stepped tier, {s} slots: {res[-1][0]:.2f} ms/token, {res[-1][1]:.1f} MB copied/token")
+        replay.set_replay(ctx.ptr, None)
+    m.set_slots(SlotPlan({}), pack_host=pack_host)
+    (ta, ma), (tb, mb) = res                              # more slots first: fewer bytes, less time
+    return (mb - ma) / (tb - ta) if tb > ta and mb > ma else 0.0     # MB/ms = GB/s
+
+
 def thread_counts(top: int) -> list[int]:
     """1, 2, 4, ... below `top`, then `top`."""
     out, t = [], 1
@@ -272,12 +315,13 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
         by = {t: _cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
         pp = (0.0, 0.0) if pack_host else _prompt_rates(m, moe, S, top, log)
     cpu_gbps, base, method = by[top]
-    pinned = pinned_1 = 0.0
+    pinned = pinned_1 = fetch = 0.0
     pp_pinned = (0.0, 0.0)
     if not pack_host:
         log("uploads from pinned memory (model loaded without mmap)")
         with Model(model_path, LoadOptions(experts_on_host=True, use_mmap=False)) as m2:
             pinned, pinned_1 = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
+            fetch = _fetch_gbps(m2, moe, S, top, n_tokens, False, log)
             pp_pinned = _prompt_rates(m2, moe, S, top, log)
     host = 0.0
     unmeasured = ""
@@ -291,6 +335,6 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        slab_mb=f_slab, upload_pageable_gbps=pageable, upload_pinned_gbps=pinned,
                        cpu_gbps=cpu_gbps, base_ms=base, method=method, threads=top,
                        cpu_threads=tuple(by), cpu_gbps_threads=tuple(round(v[0], 3) for v in by.values()),
-                       upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
+                       upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1, fetch_gbps=fetch,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])
