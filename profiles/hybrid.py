@@ -46,6 +46,8 @@ class Mechanism:
     batch_steps: bool = True        # multi-token decode batches step the tier (else they read it as it stands)
     device: bool = False            # the tier stepped on the GPU (patch 0008): every miss uploaded, none on the CPU, no
                                     # host round trip; a batch whose picks do not fit in the tier reads it as it stands
+    cpu_share_ms: float | None = None   # a what-if for `device` (not built): the CPU computes a share of each layer's
+                                        # misses while the GPU copies the others, each layer paying this round trip
 
     def __post_init__(self) -> None:
         if self.lag > 0 and not self.one_per_layer:
@@ -56,6 +58,14 @@ IDEAL = Mechanism()
 NATIVE = Mechanism(transient=False, prefetch=False)
 ENGINE = NATIVE                     # what the engine runs
 FETCH = Mechanism(transient=False, prefetch=False, device=True)   # `--policy fetch`: the GPU-stepped tier
+
+
+def fetch_split(round_trip_ms: float) -> Mechanism:
+    """What-if (not in the engine): the GPU-stepped tier with the CPU computing part of each layer's misses while the
+    GPU copies the others (a layer takes max(copies, CPU experts + round_trip_ms): the host chain's round trip paid by
+    every layer, and the CPU's work overlapping the GPU's copies, which needs the rule's decision and its copies as two
+    nodes with the host chain's inputs taken between them)."""
+    return Mechanism(transient=False, prefetch=False, device=True, cpu_share_ms=round_trip_ms)
 NATIVE_GPU_PACK = Mechanism(transient=False, prefetch=False, batch_steps=False)  # the engine's, pack on a GPU
 STAGED = Mechanism(upload_now=False, lag=1, one_per_layer=True)
 
@@ -227,8 +237,11 @@ class Tier:
         rate."""
         cost = self.cost
         if self.mech.device and not split:
+            rt = self.mech.cpu_share_ms
+            copies = (up * self.t_fetch if rt is None else
+                      np.maximum(up * self.t_fetch, c * self.t_cpu + rt))
             return (n_tokens * (cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
-                    + gpu_picks * self.t_gpu + float(up.sum()) * (self.t_fetch + self.t_gpu))
+                    + gpu_picks * self.t_gpu + float(np.sum(copies)) + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 
@@ -239,7 +252,11 @@ class Tier:
         keep = np.ones(ml.size, bool)
         for l in np.unique(ml).tolist():
             idx = np.flatnonzero(ml == l)
-            if self.mech.device:
+            if self.mech.device and self.mech.cpu_share_ms is not None:
+                m, rt = idx.size, self.mech.cpu_share_ms
+                u = min(range(min(self.cap, m) + 1),
+                        key=lambda n: (max(n * self.t_fetch, (m - n) * self.t_cpu + rt), -n))
+            elif self.mech.device:
                 u = min(self.cap, idx.size)                         # every miss, while entries last
             elif self.overlap:
                 u = best_split(idx.size, self.t_cpu, self.t_up, self.cap)
