@@ -38,7 +38,7 @@ from .. import configfile
 from ..profiles.costs import CostModel
 from . import cache, native, replay
 from . import stats as stats_mod
-from .cache import SlotPlan
+from .cache import CacheError, SlotPlan
 from .errors import EngineError
 from .model import Context, LoadOptions, Model, default_threads
 from .native_tier import NativeTier, TierCounts
@@ -230,7 +230,12 @@ def _fetch_gbps(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
             m.set_slots(plan, pack_host=pack_host)
             ctx.reset()
             ctx.decode(toks[:8], prompt=True)
-            tier = NativeTier(m.ptr, plan, s, CostModel(), device=True)
+            try:
+                tier = NativeTier(m.ptr, plan, s, CostModel(), device=True)
+            except CacheError as e:                         # this device cannot step it: not measured
+                log(f"GPU-stepped tier: {e}")
+                m.set_slots(SlotPlan({}), pack_host=pack_host)
+                return 0.0
             try:
                 ctx.decode([toks[8]])                       # graphs for this configuration
                 tier.step(force=True)

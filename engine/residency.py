@@ -152,6 +152,10 @@ class Residency:
 
     def _close_tier(self) -> None:
         if self.tier is not None:
+            if self.tier.device:                   # its counts since the last reading (every few tokens) first
+                before = self.tier.counts.bytes
+                self.tier.step(0, force=True)
+                self.eng._upload_bytes += self.tier.counts.bytes - before
             self.tier.close()
             self.tier = None
 

@@ -18,8 +18,8 @@ the next token, any number per layer; an upload with no tier entry to replace is
 to replace stays on the CPU; NATIVE_GPU_PACK: with the pack on a GPU, multi-token batches read the tier as it
 stands). FETCH (`--policy fetch`, patch 0008): the tier stepped on the GPU, every miss of a batch whose picks fit in
 the tier uploaded now, none computed on the CPU, no host round trip. STAGED (a what-if: the engine's first tier,
-stepped from Python): no upload now, a prefetch staged into a spare pack entry while the next token decodes and committed after it (resident one token
-later than IDEAL: lag 1), one copy in flight per layer.
+stepped from Python): no upload now, a prefetch staged into a spare pack entry while the next token decodes and
+committed after it (resident one token later than IDEAL: lag 1), one copy in flight per layer.
 
 D = 0 is the static cache (every miss on the CPU); core 0 is a dynamic cache (with cheap uploads now, llama.cpp's
 `--moe-cache-mib` way).
@@ -240,7 +240,7 @@ class Tier:
             rt = self.mech.cpu_share_ms
             copies = (up * self.t_fetch if rt is None else
                       np.maximum(up * self.t_fetch, c * self.t_cpu + rt))
-            return (n_tokens * (cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
+            return (n_tokens * max(0.0, cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
                     + gpu_picks * self.t_gpu + float(np.sum(copies)) + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)

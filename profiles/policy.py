@@ -34,7 +34,8 @@ def tier_slots(policy: str, slots: int, tier: int | None = None, used: int = 0) 
         raise ValueError(f"a tier of {d} slots: the layer has {slots}")
     if policy == "fetch" and d < used:
         raise ValueError(f"a tier of {d} slots holds fewer than one token's {used} experts, so the GPU would never "
-                         f"step it: give --tier {used} or more (of {slots})")
+                         f"step it: " + (f"give --tier {used} or more (of {slots})" if slots >= used else
+                                        f"fetch needs at least {used} slots per layer, not {slots}"))
     return d
 
 

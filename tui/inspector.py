@@ -34,8 +34,9 @@ TIPS = {
     "split": "share of the decode expert picks served from slots vs computed from host memory",
     "uploads": "with a dynamic tier (--policy hybrid|dynamic|fetch): expert picks per token served by the static "
                "slots, by the tier and on the CPU, and the misses uploaded into the tier per token (computed on the "
-               "GPU in the same token; with fetch the GPU reads them itself and none is computed on the CPU); then weight bytes copied to the GPU per decode token (0 with a static cache), experts "
-               "computed on the CPU per token, the slot pack's size",
+               "GPU in the same token; with fetch the GPU reads them itself, and the CPU computes only the misses of "
+               "verify batches too large for the tier); then weight bytes copied to the GPU per decode token (0 with "
+               "a static cache), experts computed on the CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
               "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
     "heatmap": "one row per layer: label, recent miss share, then its slots coloured by recent hits (merged when "

@@ -123,6 +123,13 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if train is not None:
         _check_same_model(train, test, a.train, a.trace)
     _slots_for(a.slots, max(test.n_expert, train.n_expert if train else 0), a.trace)
+    rates = {"--slab-mb": a.slab_mb, "--cpu-gbps": a.cpu_gbps, "--pcie-gbps": a.pcie_gbps, "--gpu-gbps": a.gpu_gbps,
+             "--fetch-gbps": a.fetch_gbps}
+    bad = [f"{k} {v}" for k, v in rates.items() if not v > 0]
+    if bad or not a.base_ms >= 0:
+        raise UserError("costs must be positive (base ms at least 0): " + ", ".join(bad or [f"--base-ms {a.base_ms}"]))
+    if a.mechanism == "fetch" and not (a.policy and set(a.policy) <= {"hybrid", "dynamic"}) and a.hybrid is None:
+        raise UserError("--mechanism fetch goes with --policy hybrid or dynamic (the tier sweep)")
     cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
                          base_ms=a.base_ms, fetch_gbps=a.fetch_gbps)
     if a.union:

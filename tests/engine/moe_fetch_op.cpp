@@ -4,7 +4,8 @@
 // Each case: E experts, k picks per token, a pack of S entries whose last D are the tier (some tier slots start
 // free), three expert tensors (gate, up, down shapes; F32, or I8 rows of an odd length so the copy's byte path
 // runs), the host experts in memory the backend reads (the device's host buffer type: pinned memory for CUDA).
-// T steps, each a batch of n tokens (k*n <= D: it steps; every fifth step is read-only, some with n*k > D), picks
+// T steps, each a batch of n tokens (k*n <= D: it steps; every fifth step is read-only, some with n*k > D, half of
+// those counted as a decode batch's), picks
 // distinct per row with a few out-of-range ids. After every step the result planes must equal the reference's; at the
 // end the map, the state (scores bit for bit, residents, in-tier flags, counts, the last step's copies) and every
 // pack entry's bytes.
@@ -108,6 +109,25 @@ struct ref_tier {
         copies[0] = placed;
         counts[0] += (uint64_t) n;
         counts[3] += (uint64_t) placed;
+    }
+
+    // a decode batch that only reads the tier: its hits, its distinct misses, its tokens
+    void count(const std::vector<int32_t> & ids, int64_t n) {
+        std::vector<int32_t> missed(E, 0);
+        for (int32_t e : ids) {
+            if (e < 0 || e >= E) {
+                continue;
+            }
+            if (map[e] >= 0) {
+                counts[in_tier[e] ? 2 : 1]++;
+            } else {
+                missed[e] = 1;
+            }
+        }
+        for (int32_t m : missed) {
+            counts[5] += (uint64_t) m;
+        }
+        counts[0] += (uint64_t) n;
     }
 
     void planes(const std::vector<int32_t> & ids, std::vector<int32_t> & out) const {
@@ -224,6 +244,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
     std::vector<int32_t> last_copies(1 + 2*D, 0);
     for (int s = 0; s < steps && ok; ++s) {
         const bool read_only = s % 5 == 4;
+        const bool counted   = read_only && s % 10 == 9;   // a decode batch (counted), else a prompt's
         int n = 1 + (int) (rng() % sh.max_n);
         if (!read_only) {
             n = std::max(1, std::min<int>(n, (int) (D / k)));
@@ -250,7 +271,8 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
         ggml_set_input(ids_t);
         const void * host[n_t];
         for (int t = 0; t < n_t; ++t) host[t] = host_t[t]->data;
-        ggml_tensor * out_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, pack_t, n_t, host, (int) D, decay, !read_only);
+        ggml_tensor * out_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, pack_t, n_t, host, (int) D, decay, !read_only,
+                                             counted);
         ggml_set_output(out_t);
         ggml_cgraph * gf = ggml_new_graph(gctx);
         ggml_build_forward_expand(gf, out_t);
@@ -266,6 +288,8 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
         if (!read_only) {
             ref.step(ids, k, n);
             last_copies = ref.copies;
+        } else if (counted) {
+            ref.count(ids, n);
         }
         ref.planes(ids, want);
         if (ok && got != want) {
@@ -291,8 +315,8 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
             ggml_backend_tensor_get(pack_t[t], img.data(), 0, img.size());
             ok = same("pack bytes", img.data(), ref.pack[t].data(), img.size(), why);
         }
-        if (ok && ref.counts[3] == 0) {
-            why = "no copy happened: the case tests nothing";
+        if (ok && (ref.counts[3] == 0 || ref.counts[5] == 0)) {
+            why = "no copy, or no counted miss, happened: the case tests too little";
             ok = false;
         }
     }
