@@ -36,7 +36,7 @@ def _shown_text(app: MoeslotsApp) -> str:
 async def test_esc_before_the_first_token_gives_the_question_back_selected(store: Store) -> None:
     """The question comes back selected, the cursor at its end: what is typed next replaces it instead of going
     in front of it (`round 2round 1` sent as one)."""
-    app = MoeslotsApp(FakeEngine(prefill=0.3), store=store)
+    app = MoeslotsApp(FakeEngine(prefill=1.5), store=store)        # (a window the pilot sees under load)
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "round 1"
         await pilot.press("enter")
