@@ -213,6 +213,16 @@ def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, round
     return (nbytes / dt / 1e9 if dt > 0 else 0.0), (float(np.median(one)) / 1e9 if one else 0.0)
 
 
+def _decode_ms(ctx: Context, toks: list[int]) -> float:
+    """The median ms of one-token decodes of toks, one after the other."""
+    per = []
+    for t in toks:
+        t1 = time.perf_counter()
+        ctx.decode([t])
+        per.append(time.perf_counter() - t1)
+    return float(np.median(per)) * 1e3
+
+
 def _fetch_gbps(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pack_host: bool,
                 log: Callable[[str], None]) -> float:
     """The GPU-stepped tier's uploads, GB/s (0: not measurable): decode at S and S/2 slots per layer, every slot a
@@ -240,13 +250,9 @@ def _fetch_gbps(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                 ctx.decode([toks[8]])                       # graphs for this configuration
                 tier.step(force=True)
                 tier.counts = TierCounts()
-                per = []
-                for t in toks[9:]:
-                    t1 = time.perf_counter()
-                    ctx.decode([t])
-                    per.append(time.perf_counter() - t1)
+                ms = _decode_ms(ctx, toks[9:])
                 tier.step(0, force=True)
-                res.append((float(np.median(per)) * 1e3, tier.counts.bytes / len(per) / 1e6))
+                res.append((ms, tier.counts.bytes / len(toks[9:]) / 1e6))
             finally:
                 tier.close()
             log(f"GPU-stepped tier, {s} slots: {res[-1][0]:.2f} ms/token, {res[-1][1]:.1f} MB copied/token")
@@ -283,14 +289,10 @@ def _cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pac
             ctx.decode(toks[:8], prompt=True)
             ctx.decode([toks[8]])                     # graphs for this configuration
             stats_mod.reset(ctx.ptr)
-            per = []
-            for t in toks[9:]:
-                t1 = time.perf_counter()
-                ctx.decode([t])
-                per.append(time.perf_counter() - t1)
+            ms = _decode_ms(ctx, toks[9:])
             st = ctx.read_stats()
-            misses = float(st.misses.sum()) / len(per)
-            res[s] = (float(np.median(per)) * 1e3, misses)
+            misses = float(st.misses.sum()) / len(toks[9:])
+            res[s] = (ms, misses)
             log(f"{threads} threads, {s} slots: {res[s][0]:.2f} ms/token, {misses:.1f} CPU picks/token")
         m.set_slots(SlotPlan({}), pack_host=pack_host)
     finally:

@@ -144,18 +144,23 @@ class Residency:
         if self.end_tier_pending:
             self._end_tier()
         elif self.tier is not None and self.tier.device:
-            before = self.tier.counts.bytes
-            plan = self.tier.step(0, force=True)
-            self.eng._upload_bytes += self.tier.counts.bytes - before
+            plan = self._read_tier(0, force=True)
             if plan is not None:
                 self.eng._plan = plan
+
+    def _read_tier(self, n_new: int, *, force: bool) -> SlotPlan | None:
+        """The tier's counts since it was last read (a GPU-stepped one's every few tokens, or now with force), the
+        bytes it copied added to the engine's; returns the plan the cache holds when it is due (NativeTier.step)."""
+        assert self.tier is not None
+        before = self.tier.counts.bytes
+        plan = self.tier.step(n_new, force=force)
+        self.eng._upload_bytes += self.tier.counts.bytes - before
+        return plan
 
     def _close_tier(self) -> None:
         if self.tier is not None:
             if self.tier.device:                   # its counts since the last reading (every few tokens) first
-                before = self.tier.counts.bytes
-                self.tier.step(0, force=True)
-                self.eng._upload_bytes += self.tier.counts.bytes - before
+                self._read_tier(0, force=True)
             self.tier.close()
             self.tier = None
 

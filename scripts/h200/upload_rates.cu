@@ -55,31 +55,34 @@ int main() {
     auto report = [&](const char * what, double t) {
         printf("%-58s %7.1f GB/s  %6.1f us/layer\n", what, bytes/t/1e9, t/L*1e6);
     };
+    // layer l's chunks, one cudaMemcpyAsync each
+    auto copy_chunks = [&](int l) {
+        for (int j = 0; j < K; ++j)
+            CK(cudaMemcpyAsync(ch[(size_t) l*K+j].dst, ch[(size_t) l*K+j].src, C, cudaMemcpyHostToDevice, st));
+    };
+    // what a host-driven cache waits for per layer: the GPU's work so far, then a few bytes (the ids) on the host
+    auto round_trip = [&](int l) {
+        touch<<<1, 1, 0, st>>>(dflag, l);
+        CK(cudaMemcpyAsync(hflag, dflag, 4, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+    };
     for (int rep = 0; rep < 2; ++rep) {
         printf("-- repetition %d (48 layers x 12 chunks of %zu bytes = %.1f MB a token)\n", rep, C, bytes/1e6);
         double t0 = now_s();
-        for (int l = 0; l < L; ++l) for (int j = 0; j < K; ++j)
-            CK(cudaMemcpyAsync(ch[(size_t) l*K+j].dst, ch[(size_t) l*K+j].src, C, cudaMemcpyHostToDevice, st));
+        for (int l = 0; l < L; ++l) copy_chunks(l);
         CK(cudaStreamSynchronize(st));
         report("memcpyAsync per chunk, no sync between layers", now_s() - t0);
 
         t0 = now_s();
         for (int l = 0; l < L; ++l) {
-            touch<<<1, 1, 0, st>>>(dflag, l);
-            CK(cudaMemcpyAsync(hflag, dflag, 4, cudaMemcpyDeviceToHost, st));
-            CK(cudaStreamSynchronize(st));       // the host reads the layer's ids
-            for (int j = 0; j < K; ++j)
-                CK(cudaMemcpyAsync(ch[(size_t) l*K+j].dst, ch[(size_t) l*K+j].src, C, cudaMemcpyHostToDevice, st));
+            round_trip(l);
+            copy_chunks(l);
         }
         CK(cudaStreamSynchronize(st));
         report("memcpyAsync per chunk, host round trip per layer", now_s() - t0);
 
         t0 = now_s();
-        for (int l = 0; l < L; ++l) {
-            touch<<<1, 1, 0, st>>>(dflag, l);
-            CK(cudaMemcpyAsync(hflag, dflag, 4, cudaMemcpyDeviceToHost, st));
-            CK(cudaStreamSynchronize(st));
-        }
+        for (int l = 0; l < L; ++l) round_trip(l);
         double rt = (now_s() - t0) / L;
         printf("%-58s %7.1f us\n", "host round trip alone (kernel, 4-byte read, sync)", rt*1e6);
 
