@@ -1,4 +1,4 @@
-"""The dynamic tier run by the engine itself (patch 0007): per layer the plan's last D slots follow the routing, and
+"""The dynamic tier run by the engine itself (patch 0007; stepped on the GPU: patch 0008): per layer the plan's last D slots follow the routing, and
 each miss of a decode token is computed on the CPU or uploaded into the tier now and computed on the GPU in the
 same token, whichever this machine's costs say (profiles.hybrid's rule with the NATIVE mechanism, stepped inside
 the graph: no Python between layers). This module binds the C calls and keeps the Python view of it: the plan the
@@ -36,20 +36,30 @@ def _bind() -> object:
         L.llama_moeslots_tier_residents.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                                                     ctypes.c_int32]
         L.llama_moeslots_tier_set_device.restype = ctypes.c_int32
-        L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_char_p,
-                                                     ctypes.c_size_t]
+        L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
+                                                     ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t]
     return L
 
 
+def share_ms(cost: CostModel) -> tuple[float, float]:
+    """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (the engine
+    splits by their ratio: profiles.hybrid.share_ratio)."""
+    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.fetch_gbps
+
+
 def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY, *,
-             device: bool = False) -> int:
+             device: bool = False, share: bool = False) -> int:
     """Give every partly resident trunk layer a tier of its last n_tier slots (0: off). Returns the layers that got
     one. Between decodes only; the model's contexts rebuild their graphs at their next decode. device: the tier is
     stepped on the pack's device (patch 0008, `--policy fetch`): every miss fetched by the GPU from pinned memory,
-    none computed on the CPU, no host round trip."""
+    none computed on the CPU, no host round trip; with share (`--policy fetch-split`, needs cost) the GPU fetches
+    only part of each layer's misses and the CPU computes the others beside its copies."""
     if device:
+        if share and cost is None:
+            raise ValueError("a CPU share needs the machine's costs")
+        t_cpu, t_up = share_ms(cost) if share and cost is not None else (0.0, 0.0)
         msg = ctypes.create_string_buffer(512)
-        rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, decay, msg, len(msg)))
+        rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, decay, t_cpu, t_up, msg, len(msg)))
         if rc < 0:
             why = msg.value.decode(errors="replace") or f"code {rc}"
             raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
@@ -97,10 +107,11 @@ class NativeTier:
     REFRESH = 32     # decode tokens between two readings of the tier's residents (the inspector's heatmap)
     COUNT_EVERY = 16  # a GPU-stepped tier: decode tokens between two readings of its counts (one read per layer)
 
-    def __init__(self, model_ptr: int, plan: SlotPlan, tier: int, cost: CostModel, *, device: bool = False) -> None:
-        self.model_ptr, self.tier, self.cost, self.device = model_ptr, tier, cost, device
+    def __init__(self, model_ptr: int, plan: SlotPlan, tier: int, cost: CostModel, *, device: bool = False,
+                 share: bool = False) -> None:
+        self.model_ptr, self.tier, self.cost, self.device, self.share = model_ptr, tier, cost, device, share
         self._plan = plan
-        self.layers = set_tier(model_ptr, tier, cost, device=device)
+        self.layers = set_tier(model_ptr, tier, cost, device=device, share=share)
         self.n_layers = max(1, self.layers)             # the layers with a tier (partly resident trunk layers)
         self.counts = TierCounts()
         self._dirty = 0                                  # decode tokens with uploads since the plan was read

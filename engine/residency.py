@@ -49,7 +49,8 @@ class Residency:
         self.tier: NativeTier | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
         self.end_tier_pending = False                     # re-picks asked for while decoding: the tier ends next step
         self.tier_d = 0                                   # its slots per layer, for the plan being applied
-        self.device = False                               # --policy fetch: the tier is stepped on the GPU
+        self.device = False                               # --policy fetch|fetch-split: the tier is stepped on the GPU
+        self.share = False                                # --policy fetch-split: the CPU computes a share of its misses
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
 
     def _overlapped_repicks(self) -> bool:
@@ -70,21 +71,20 @@ class Residency:
         if cfg.policy != "static" and cfg.repick_every > 0:
             raise EngineError(f"--policy {cfg.policy} and --repick both move slots: choose one")
         S = plan.slots_per_layer
-        if cfg.policy == "fetch" and self.eng.model.opts.use_mmap and not cfg.pack_host:
-            raise EngineError("--policy fetch: the GPU reads missed experts from pinned host memory, and this model's "
-                              "experts are mmap'ed (pageable); load it with --no-mmap, or choose another policy")
+        if cfg.policy in policy_mod.GPU_STEPPED and self.eng.model.opts.use_mmap and not cfg.pack_host:
+            raise EngineError(f"--policy {cfg.policy}: the GPU reads missed experts from pinned host memory, and this "
+                              "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another policy")
         if cfg.policy == "auto":
             pol, self.tier_d, why = self._auto_policy(S)
             self.policy_line = f"auto: {why}"
-            self.device = pol == "fetch"
         else:
-            self.device = cfg.policy == "fetch"
             try:
                 self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier, used=self.eng.model.facts.n_expert_used)
             except ValueError as e:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
-            pol = "fetch" if self.device and self.tier_d else policy_mod.name(S, self.tier_d)
+            pol = cfg.policy if cfg.policy in policy_mod.GPU_STEPPED and self.tier_d else policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
+        self.device, self.share = pol in policy_mod.GPU_STEPPED, pol == "fetch-split"
         return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
 
     def _auto_policy(self, slots: int) -> tuple[str, int, str]:
@@ -111,7 +111,8 @@ class Residency:
             self.tier_d = 0
         if self.tier_d > 0 and plan.layers:
             eng = self.eng
-            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0], device=self.device)
+            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0], device=self.device,
+                                   share=self.share)
 
     def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
@@ -120,7 +121,8 @@ class Residency:
         t = self.tier
         if t is not None:
             core, tier, cpu, up = t.split()
-            return {"policy": "fetch" if t.device else policy_mod.name(t.plan.slots_per_layer, t.tier),
+            return {"policy": ("fetch-split" if t.share else "fetch") if t.device
+                    else policy_mod.name(t.plan.slots_per_layer, t.tier),
                     "tier_slots": t.tier,
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
                     "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}

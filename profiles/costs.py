@@ -11,7 +11,10 @@ slots), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8
 GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static). A tier stepped on the GPU
 (`--policy fetch`) pays no round trip (base less 48 x split_ms), copies at the GPU's own reading rate of pinned
 memory (50 GB/s there: scripts/h200/upload_rates.cu) and ~15 us per layer for its rule and launches (the measured
-minus the simulated ms/token of the uniform rows, docs/lab/2026-12-04-h200-fetch-tier.md).
+minus the simulated ms/token of the uniform rows, docs/lab/2026-12-04-h200-fetch-tier.md). With a CPU share
+(`--policy fetch-split`) each layer adds share_ms: the CPU's wait for the inputs the GPU publishes and the join after
+the two halves (an estimate until the GPU measures it; `doctor --calibrate` does, as the difference between a
+fetch-split decode that leaves nothing to the CPU and a fetch decode).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class CostModel:
     split_ms: float = 0.087         # per partly resident layer: the CPU round trip inside base_ms
     fetch_gbps: float = 50.0        # a GPU-stepped tier's uploads: the GPU reading pinned host memory itself
     fetch_layer_ms: float = 0.015   # per layer and step: what a GPU-stepped tier costs beyond its copies
+    share_ms: float = 0.040         # per layer and step, a GPU-stepped tier with a CPU share: its wait and join
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
         mb = self.slab_mb

@@ -17,7 +17,9 @@ the next token, any number per layer; an upload with no tier entry to replace is
 (what the engine does, patch 0007): uploads now into the tier, no prefetch, no transient copy (a miss with no entry
 to replace stays on the CPU; NATIVE_GPU_PACK: with the pack on a GPU, multi-token batches read the tier as it
 stands). FETCH (`--policy fetch`, patch 0008): the tier stepped on the GPU, every miss of a batch whose picks fit in
-the tier uploaded now, none computed on the CPU, no host round trip. STAGED (a what-if: the engine's first tier,
+the tier uploaded now, none computed on the CPU, no host round trip. FETCH_SPLIT (`--policy fetch-split`): the same,
+but of each layer's misses only the best-scored share_copies are copied, the CPU computing the others beside the
+copies (a layer costs max(copies, CPU part) + share_ms). STAGED (a what-if: the engine's first tier,
 stepped from Python): no upload now, a prefetch staged into a spare pack entry while the next token decodes and
 committed after it (resident one token later than IDEAL: lag 1), one copy in flight per layer.
 
@@ -46,8 +48,8 @@ class Mechanism:
     batch_steps: bool = True        # multi-token decode batches step the tier (else they read it as it stands)
     device: bool = False            # the tier stepped on the GPU (patch 0008): every miss uploaded, none on the CPU, no
                                     # host round trip; a batch whose picks do not fit in the tier reads it as it stands
-    cpu_share_ms: float | None = None   # a what-if for `device` (not built): the CPU computes a share of each layer's
-                                        # misses while the GPU copies the others, each layer paying this round trip
+    cpu_share: bool = False         # with `device`: only share_copies of each layer's misses uploaded, the CPU computing
+                                    # the others beside the copies (`--policy fetch-split`), each layer adding share_ms
 
     def __post_init__(self) -> None:
         if self.lag > 0 and not self.one_per_layer:
@@ -60,12 +62,7 @@ ENGINE = NATIVE                     # what the engine runs
 FETCH = Mechanism(transient=False, prefetch=False, device=True)   # `--policy fetch`: the GPU-stepped tier
 
 
-def fetch_split(round_trip_ms: float) -> Mechanism:
-    """What-if (not in the engine): the GPU-stepped tier with the CPU computing part of each layer's misses while the
-    GPU copies the others (a layer takes max(copies, CPU experts + round_trip_ms): the host chain's round trip paid by
-    every layer, and the CPU's work overlapping the GPU's copies, which needs the rule's decision and its copies as two
-    nodes with the host chain's inputs taken between them)."""
-    return Mechanism(transient=False, prefetch=False, device=True, cpu_share_ms=round_trip_ms)
+FETCH_SPLIT = Mechanism(transient=False, prefetch=False, device=True, cpu_share=True)   # `--policy fetch-split`
 NATIVE_GPU_PACK = Mechanism(transient=False, prefetch=False, batch_steps=False)  # the engine's, pack on a GPU
 STAGED = Mechanism(upload_now=False, lag=1, one_per_layer=True)
 
@@ -107,6 +104,18 @@ def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
     return min(cands, key=lambda n: (max(n * t_up, (misses - n) * t_cpu), n))
 
 
+def share_ratio(cost: CostModel) -> float:
+    """A GPU-stepped tier's CPU share: the cost of a miss computed on the CPU over one the GPU copies, as the engine
+    holds it (a float32: the fetch node's parameter)."""
+    return float(np.float32((cost.slab_mb / cost.cpu_gbps) / (cost.slab_mb / cost.fetch_gbps)))
+
+
+def share_copies(misses: int, ratio: float, room: int) -> int:
+    """How many of a layer's misses a GPU-stepped tier with a CPU share copies: best_split with the CPU at `ratio`
+    and a copy at 1 (the fetch node's arithmetic), the fewest on ties."""
+    return best_split(misses, ratio, 1.0, room)
+
+
 def expert_ms(cost: CostModel) -> tuple[float, float]:
     """One expert computed on the CPU and one uploaded, in ms: the two costs the rule splits misses by (the engine's
     tier gets these same numbers: engine.native_tier)."""
@@ -131,6 +140,7 @@ class Tier:
         self.t_cpu, self.t_up = expert_ms(cost)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
         self.t_fetch = cost.slab_mb / cost.fetch_gbps
+        self.ratio = share_ratio(cost)
         self._rows = np.arange(self.L)
 
     def land(self, l: int) -> tuple[int, int]:
@@ -237,9 +247,8 @@ class Tier:
         rate."""
         cost = self.cost
         if self.mech.device and not split:
-            rt = self.mech.cpu_share_ms
-            copies = (up * self.t_fetch if rt is None else
-                      np.maximum(up * self.t_fetch, c * self.t_cpu + rt))
+            copies = (np.maximum(up * self.t_fetch, c * self.t_cpu) + cost.share_ms if self.mech.cpu_share
+                      else up * self.t_fetch)
             return (n_tokens * max(0.0, cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
                     + gpu_picks * self.t_gpu + float(np.sum(copies)) + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
@@ -252,10 +261,8 @@ class Tier:
         keep = np.ones(ml.size, bool)
         for l in np.unique(ml).tolist():
             idx = np.flatnonzero(ml == l)
-            if self.mech.device and self.mech.cpu_share_ms is not None:
-                m, rt = idx.size, self.mech.cpu_share_ms
-                u = min(range(min(self.cap, m) + 1),
-                        key=lambda n: (max(n * self.t_fetch, (m - n) * self.t_cpu + rt), -n))
+            if self.mech.device and self.mech.cpu_share:
+                u = share_copies(idx.size, self.ratio, self.cap)
             elif self.mech.device:
                 u = min(self.cap, idx.size)                         # every miss, while entries last
             elif self.overlap:

@@ -1,38 +1,41 @@
-"""The residency policy (`--policy static|hybrid|dynamic|fetch|auto`): how many of a layer's S slots are a dynamic
-tier (profiles.hybrid), how its misses are served (hybrid and dynamic: split between the CPU and uploads by cost, one
-host round trip per layer; fetch: the tier stepped on the GPU, every miss fetched from pinned memory by the GPU, no
-round trip), and `auto`'s choice among them, simulated with the engine's mechanisms under a cost model."""
+"""The residency policy (`--policy static|hybrid|dynamic|fetch|fetch-split|auto`): how many of a layer's S slots are
+a dynamic tier (profiles.hybrid), how its misses are served (hybrid and dynamic: split between the CPU and uploads by
+cost, one host round trip per layer; fetch: the tier stepped on the GPU, every miss fetched from pinned memory by the
+GPU, no round trip; fetch-split: the GPU fetches part of each layer's misses and the CPU computes the others beside
+its copies), and `auto`'s choice among them, simulated with the engine's mechanisms under a cost model."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from .costs import CostModel
-from .hybrid import ENGINE, FETCH, Mechanism, core_and_tier, simulate_hybrid
+from .hybrid import ENGINE, FETCH, FETCH_SPLIT, Mechanism, core_and_tier, simulate_hybrid
 from .repick import Picks, _picks
 from .simulate import layer_counts
 from .trace import Trace
 
-POLICIES = ("static", "hybrid", "dynamic", "fetch", "auto")
+POLICIES = ("static", "hybrid", "dynamic", "fetch", "fetch-split", "auto")
+GPU_STEPPED = ("fetch", "fetch-split")     # the tier stepped on the GPU: experts in pinned memory, slots on a GPU
 MAX_SCORED = 512          # tokens `auto` scores (the last ones of the profile): a load-time decision, kept short
 
 
 def tier_slots(policy: str, slots: int, tier: int | None = None, used: int = 0) -> int:
     """Dynamic slots per layer of `slots` under a policy: static 0, dynamic all, hybrid `tier` (default S/4, at
-    least 1 when there are slots), fetch `tier` (default S/2, at least one token's `used` experts: a GPU-stepped tier
-    moves only in batches whose picks fit in it)."""
+    least 1 when there are slots), fetch and fetch-split `tier` (default S/2, at least one token's `used` experts: a
+    GPU-stepped tier moves only in batches whose picks fit in it)."""
     if policy not in POLICIES or policy == "auto":
-        raise ValueError(f"policy {policy!r}: one of static, hybrid, dynamic, fetch" + (" (auto is decided first)"
-                                                                                        if policy == "auto" else ""))
+        raise ValueError(f"policy {policy!r}: one of static, hybrid, dynamic, fetch, fetch-split"
+                         + (" (auto is decided first)" if policy == "auto" else ""))
     if policy == "static" or slots <= 0:
         return 0
     if policy == "dynamic":
         return slots
-    default = min(slots, max(1, slots // 2, used)) if policy == "fetch" else max(1, slots // 4)
+    gpu = policy in GPU_STEPPED
+    default = min(slots, max(1, slots // 2, used)) if gpu else max(1, slots // 4)
     d = default if tier is None else tier
     if not 0 <= d <= slots:
         raise ValueError(f"a tier of {d} slots: the layer has {slots}")
-    if policy == "fetch" and d < used:
+    if gpu and d < used:
         raise ValueError(f"a tier of {d} slots holds fewer than one token's {used} experts, so the GPU would never "
                          f"step it: " + (f"give --tier {used} or more (of {slots})" if slots >= used else
                                         f"fetch needs at least {used} slots per layer, not {slots}"))
@@ -51,7 +54,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
     tokens), a tier only when it is estimated `min_gain` faster than static. Deterministic. Returns (policy, tier
     slots, one line saying why). fetch: the GPU-stepped tier is possible here (experts in pinned memory, slots on a
-    GPU): its tiers are scored too, with the FETCH mechanism, and win as "fetch"."""
+    GPU): its tiers are scored too, with the FETCH and FETCH_SPLIT mechanisms, and win as "fetch" or "fetch-split"."""
     cost = cost or CostModel()
     pk = _picks(trace)
     P, layers, n_expert = pk.P, pk.layers, pk.n_expert
@@ -67,14 +70,15 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     results = []
     for d in ds:
         core, first = core_and_tier(counts, slots, d)
-        results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=mech), d, False))
+        results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=mech), d, ""))
     if fetch:
         k = int(P.shape[2]) if P.ndim == 3 else 1
         for d in sorted(d for d in {max(1, slots // 4), slots // 2, slots} if d >= k):
             core, first = core_and_tier(counts, slots, d)
-            results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=FETCH), d, True))
+            for pol, m in (("fetch", FETCH), ("fetch-split", FETCH_SPLIT)):
+                results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=m), d, pol))
     static = results[0][0]
-    best, d, on_gpu = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], r[2]), default=results[0])
+    best, d, gpu_pol = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], str(r[2])), default=results[0])
     gain = 1 - best.ms_per_token / static.ms_per_token if static.ms_per_token > 0 else 0.0
     scored = (f"core from the profile's first {cut} tokens, scored on {len(test)} later ones" if split
               else f"profile of {T} tokens scored in-sample")
@@ -84,7 +88,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
                              f"{'saves' if gain > 0 else 'would save'} {100 * max(gain, 0):.1f} %, under "
                              f"{100 * min_gain:.0f} % ({scored}; uploads {cost.pcie_gbps:.1f} GB/s, CPU "
                              f"{cost.cpu_gbps:.1f} GB/s)")
-    pol = "fetch" if on_gpu else name(slots, d)
+    pol = gpu_pol or name(slots, d)
     return pol, d, (f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "
                     f"{100 * static.hit_rate:.0f} %), {best.prefetch_per_token:.2f} prefetches/token, est. "
                     f"{best.ms_per_token:.2f} vs {static.ms_per_token:.2f} ms/token static, {100 * gain:.0f} % faster "

@@ -32,10 +32,11 @@ TIPS = {
     "prompt-speed": "prompt (prefill) tokens/s of the last reply; MTP acceptance",
     "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
     "split": "share of the decode expert picks served from slots vs computed from host memory",
-    "uploads": "with a dynamic tier (--policy hybrid|dynamic|fetch): expert picks per token served by the static "
-               "slots, by the tier and on the CPU, and the misses uploaded into the tier per token (computed on the "
-               "GPU in the same token; with fetch the GPU reads them itself, and the CPU computes only the misses of "
-               "verify batches too large for the tier); then weight bytes copied to the GPU per decode token (0 with "
+    "uploads": "with a dynamic tier (--policy hybrid|dynamic|fetch|fetch-split): expert picks per token served by "
+               "the static slots, by the tier and on the CPU, and the misses uploaded into the tier per token "
+               "(computed on the GPU in the same token; with fetch the GPU reads them itself, and the CPU computes "
+               "only the misses of verify batches too large for the tier; with fetch-split the CPU computes a share "
+               "of every token's misses while the GPU reads the others); then weight bytes copied to the GPU per decode token (0 with "
                "a static cache), experts computed on the CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
               "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
@@ -57,7 +58,7 @@ def slots_of(snap: Snapshot) -> int:
 
 
 def policy(snap: Snapshot) -> str:
-    if snap.policy in ("hybrid", "dynamic", "fetch"):
+    if snap.policy in ("hybrid", "dynamic", "fetch", "fetch-split"):
         return snap.policy_line or (f"{snap.policy}: {snap.tier_slots} tier slots per layer"
                                     if snap.policy != "dynamic" else "dynamic: every slot follows the routing")
     if snap.policy_line and snap.policy_line.startswith("auto"):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...profiles import policy as policy_mod
 from ...profiles.costs import CostModel
-from ...profiles.hybrid import ENGINE, FETCH, simulate_hybrid
+from ...profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, simulate_hybrid
 from ...profiles.plan import plan_from_counts
 from ...profiles.repick import Picks
 from ...profiles.simulate import layer_counts
@@ -85,19 +85,19 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
             P = picks[profile_rows + 16:profile_rows + 16 + n_decode]     # the timed decode rows
             for s in slot_counts:
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
-                tiers: dict[str, tuple[int, str, bool]] = {}
+                tiers: dict[str, tuple[int, str, str]] = {}    # policy -> (tier, why, GPU-stepped kind or "")
                 for pol in policies:
                     if pol == "auto":
                         chosen, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost,
                                                                   fetch=not (pack_host or mmap))
-                        tiers[pol] = (d, why, chosen == "fetch")
                     else:
-                        tiers[pol] = (policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), "", pol == "fetch")
+                        chosen, d, why = pol, policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), ""
+                    tiers[pol] = (d, why, chosen if chosen in policy_mod.GPU_STEPPED else "")
                 runs: dict[str, list[TierRow]] = {pol: [] for pol in policies}
                 for rep in range(reps):
                     for pol in (policies if rep % 2 == 0 else list(reversed(policies))):
                         runs[pol].append(_one(m, ctx, plan, tiers[pol][0], cost, toks, W, P, pack_host=pack_host,
-                                              device=tiers[pol][2]))
+                                              gpu=tiers[pol][2]))
                 for pol in policies:
                     row = dataclasses.replace(_median(runs[pol]), routing=name, policy=pol, chosen=tiers[pol][1])
                     rows.append(row)
@@ -119,13 +119,15 @@ def _median(rows: list[TierRow]) -> TierRow:
 
 
 def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: list[int], W: np.ndarray,
-         P: np.ndarray, *, pack_host: bool, device: bool = False) -> TierRow:
+         P: np.ndarray, *, pack_host: bool, gpu: str = "") -> TierRow:
+    """One configuration timed; gpu: the GPU-stepped tier's policy (fetch, fetch-split) or "" (the host tier)."""
     f = m.facts
+    device = bool(gpu)
     s = plan.slots_per_layer
     m.set_slots(plan, pack_host=pack_host)
     ctx.reset()
     ctx.decode(toks[:12], prompt=True)                             # rows 0..11: prompt
-    runner = NativeTier(m.ptr, plan, d, cost, device=device) if d else None
+    runner = NativeTier(m.ptr, plan, d, cost, device=device, share=gpu == "fetch-split") if d else None
     for t in toks[12:16]:                                         # rows 12..15: graphs (the tier's too)
         ctx.decode([t])
     per = []
@@ -148,8 +150,8 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
     n = len(per)
     # the simulator steps the warm-up rows 12..15 too (the engine's tier did), then counts the timed ones
     core, first = masks(plan, d, f.n_expert)
-    sim = simulate_hybrid(np.concatenate([W, P]), core, d, cost, initial=first, mech=FETCH if device else ENGINE,
-                          warmup=len(W))
+    mech = {"fetch": FETCH, "fetch-split": FETCH_SPLIT}.get(gpu, ENGINE)
+    sim = simulate_hybrid(np.concatenate([W, P]), core, d, cost, initial=first, mech=mech, warmup=len(W))
     # a GPU-stepped tier makes every pick resident before its experts run: its hits are the tier's counts
     hit = (c.core_hits + c.tier_hits) / max(1, P.size) if device and c else st.hit_rate
     return TierRow("", s, "", d, n / sum(per), 1000 * statistics.median(per), hit,

@@ -99,7 +99,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
     from ..profiles.policy import POLICIES
 
     if a.every is None and a.policy is None:
-        raise UserError("bench repick needs --every N1,N2|auto and/or --policy static,hybrid,dynamic,fetch,auto")
+        raise UserError("bench repick needs --every N1,N2|auto and/or --policy static,hybrid,dynamic,fetch,fetch-split,auto")
     words = [x.strip() for x in (a.every or "").split(",") if x.strip()]
     if a.every is not None and (not words or not all(x == "auto" or x.isdigit() for x in words)):
         raise UserError(f"--every takes intervals >= 0 (0: static) or auto, not {a.every!r}")
@@ -110,8 +110,9 @@ def cmd_repick(a: argparse.Namespace) -> int:
         raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
     if a.reps < 1:
         raise UserError(f"--reps takes a count >= 1, not {a.reps}")
-    if "fetch" in policies and not (a.no_mmap or a.pack_host):
-        raise UserError("--policy fetch: the GPU reads missed experts from pinned host memory; add --no-mmap")
+    gpu = [p for p in policies if p in ("fetch", "fetch-split")]
+    if gpu and not (a.no_mmap or a.pack_host):
+        raise UserError(f"--policy {gpu[0]}: the GPU reads missed experts from pinned host memory; add --no-mmap")
     slots = _engine_setup(a)
     intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
     cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap,
@@ -209,10 +210,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "--repick auto (chosen from the profile rows, then again every 256 decoded tokens)")
     r.add_argument("--policy", metavar="P1,P2", help="residency policies to measure: static, hybrid (a core plus a "
                    "dynamic tier of --tier D slots), dynamic (all slots a tier), fetch (a core plus a tier stepped by "
-                   "the GPU: every miss fetched from pinned memory; --no-mmap), auto (chosen from the profile rows "
-                   "under the cost model)")
-    r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch: dynamic slots per layer (default "
-                   "S/4, fetch S/2)")
+                   "the GPU: every miss fetched from pinned memory; --no-mmap), fetch-split (the same, the CPU computing "
+                   "a share of each layer's misses beside the GPU's copies), auto (chosen from the profile rows under "
+                   "the cost model)")
+    r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch|fetch-split: dynamic slots per layer "
+                   "(default S/4, fetch S/2)")
     r.add_argument("-r", "--reps", type=int, default=1, metavar="R",
                    help="--policy rows: measure each R times, the policies taking turns (alternating order), and "
                    "show the median tok/s with its range (default 1)")

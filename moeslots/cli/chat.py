@@ -39,8 +39,8 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
         raise UserError(f"--policy takes {', '.join(POLICIES)}, not {policy!r}")
     if policy != "static" and repick:
         raise UserError(f"--policy {policy} and --repick both move slots: choose one")
-    if tier is not None and policy not in ("hybrid", "fetch"):
-        raise UserError("--tier D sets the dynamic slots of --policy hybrid or fetch")
+    if tier is not None and policy not in ("hybrid", "fetch", "fetch-split"):
+        raise UserError("--tier D sets the dynamic slots of --policy hybrid, fetch or fetch-split")
     pack_host = not native.gpus()
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
@@ -164,8 +164,9 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "experts stay), hybrid (the last D of each layer's slots follow the routing: misses computed on the "
                    "CPU or uploaded now, whichever this machine's costs say), dynamic (all slots do), fetch (the last D "
                    "slots follow the routing stepped by the GPU itself: every miss fetched from pinned memory, none on "
-                   "the CPU, no round trip to the host; needs --no-mmap), auto (simulated on the profile under this "
-                   "machine's calibration; config: [app] policy)")
-    c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch: dynamic slots per layer (default "
-                   "S/4, fetch S/2)")
+                   "the CPU, no round trip to the host; needs --no-mmap), fetch-split (the same, the CPU computing a "
+                   "share of each layer's misses while the GPU copies the others), auto (simulated on the profile "
+                   "under this machine's calibration; config: [app] policy)")
+    c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch|fetch-split: dynamic slots per layer "
+                   "(default S/4, fetch S/2)")
     c.set_defaults(func=cmd_chat)

@@ -128,10 +128,13 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     bad = [f"{k} {v}" for k, v in rates.items() if not v > 0]
     if bad or not a.base_ms >= 0:
         raise UserError("costs must be positive (base ms at least 0): " + ", ".join(bad or [f"--base-ms {a.base_ms}"]))
-    if a.mechanism == "fetch" and not (a.policy and set(a.policy) <= {"hybrid", "dynamic"}) and a.hybrid is None:
-        raise UserError("--mechanism fetch goes with --policy hybrid or dynamic (the tier sweep)")
+    if not a.share_ms >= 0:
+        raise UserError(f"--share-ms must be at least 0, not {a.share_ms}")
+    if (a.mechanism in ("fetch", "fetch-split") and not (a.policy and set(a.policy) <= {"hybrid", "dynamic"})
+            and a.hybrid is None):
+        raise UserError(f"--mechanism {a.mechanism} goes with --policy hybrid or dynamic (the tier sweep)")
     cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
-                         base_ms=a.base_ms, fetch_gbps=a.fetch_gbps)
+                     base_ms=a.base_ms, fetch_gbps=a.fetch_gbps, share_ms=a.share_ms)
     if a.union:
         try:
             u = sim.distinct_per_batch(test, a.slots, train=train, max_batch=a.union)
@@ -177,7 +180,8 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
     from ..profiles import hybrid
     from ..profiles.profile import from_trace
 
-    mech = {"engine": hybrid.ENGINE, "staged": hybrid.STAGED, "fetch": hybrid.FETCH}.get(a.mechanism, hybrid.IDEAL)
+    mech = {"engine": hybrid.ENGINE, "staged": hybrid.STAGED, "fetch": hybrid.FETCH,
+            "fetch-split": hybrid.FETCH_SPLIT}.get(a.mechanism, hybrid.IDEAL)
     try:
         tiers = [int(x) for x in tiers_arg.split(",") if x.strip()] if tiers_arg else None
         layers, P = sim.token_matrix(test)
@@ -193,6 +197,9 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
            "staged": "staged: misses on the CPU, prefetched into the tier a token later, one copy per layer in flight",
            "fetch": f"fetch (--policy fetch): the GPU steps the tier, every miss read by it at {cost.fetch_gbps} GB/s, "
                     "none on the CPU, no host round trip",
+           "fetch-split": f"fetch-split (--policy fetch-split): the GPU steps the tier and reads part of each layer's "
+                          f"misses at {cost.fetch_gbps} GB/s while the CPU computes the others, {cost.share_ms} ms a "
+                          "layer for the split",
            }.get(a.mechanism, "ideal: misses split between CPU and uploads now by cost, overlapped; prefetches "
                  "resident from the next token")
     print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
@@ -238,10 +245,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "alone: hybrid (a static core plus a dynamic tier, sweeping --tier) or dynamic (all slots a tier)")
     si.add_argument("--tier", metavar="D1,D2", help="--policy hybrid: dynamic slots per layer to sweep (default 0, "
                     "S/8, S/4, S/2, S)")
-    si.add_argument("--mechanism", choices=["engine", "fetch", "staged", "ideal"], default="engine",
+    si.add_argument("--mechanism", choices=["engine", "fetch", "fetch-split", "staged", "ideal"], default="engine",
                     help="--policy hybrid/dynamic: how misses reach VRAM: engine (what moeslots runs: each token's "
                     "misses split between the CPU and uploads into the tier now, by cost; default), fetch (what "
-                    "--policy fetch runs: the GPU steps the tier and reads every miss itself), staged (CPU now, "
+                    "--policy fetch runs: the GPU steps the tier and reads every miss itself), fetch-split (what "
+                    "--policy fetch-split runs: the GPU reads part of the misses, the CPU computes the others beside "
+                    "its copies), staged (CPU now, "
                     "prefetched a token later, one copy per layer in flight) or ideal (uploads now and prefetches)")
     si.add_argument("--train", help="profile the static plan is trained on (default: the trace itself)")
     si.add_argument("--reelect-k", type=int, default=16)
@@ -254,6 +263,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
     si.add_argument("--fetch-gbps", type=float, default=h200.fetch_gbps,
                     help="--mechanism fetch: the GPU reading pinned host memory itself (default: the H200 box's)")
+    si.add_argument("--share-ms", type=float, default=h200.share_ms,
+                    help="--mechanism fetch-split: per layer and token, the CPU share's wait and join (default: an "
+                    "estimate)")
     si.add_argument("--base-ms", type=float, default=h200.base_ms, help="non-expert time per token")
     si.add_argument("--hybrid", nargs="?", const="", metavar="D1,D2", help="the same as --policy hybrid [--tier "
                     "D1,D2]")

@@ -1,6 +1,7 @@
-"""What the GPU-stepped tier (`--policy fetch`) would gain if the CPU also computed a share of each layer's misses
-while the GPU copies the others (profiles.hybrid.fetch_split: a what-if, not in the engine), on the cells of the H200
-side-by-side run: the 30B-A3B shape (48 layers, 128 experts, k 8, 2.654 MB per expert), uniform random rows and the
+"""What `--policy fetch-split` (the GPU-stepped tier with the CPU computing a share of each layer's misses beside the
+GPU's copies: profiles.hybrid.FETCH_SPLIT, the engine's rule) is predicted to give over `--policy fetch`, for three
+values of its per-layer cost share_ms (not yet measured on a GPU: 87 us, the old split's round trip; 40 us, the cost
+model's estimate; 20 us), on the cells of the H200 side-by-side run: the 30B-A3B shape (48 layers, 128 experts, k 8, 2.654 MB per expert), uniform random rows and the
 routing donor's sampled chat trace, plans from the first 1,024 rows, 64 rows scored after 16 more, 32 and 64 slots,
 the H200 box's costs at 16 and 6 threads, tiers S/4, S/2 and S (the best shown), each beside llama.cpp's cache as
 measured in that run (docs/lab/2026-12-04-h200-fetch-tier.md).
@@ -15,7 +16,9 @@ import numpy as np
 
 from moeslots.engine import replay
 from moeslots.profiles.costs import CostModel
-from moeslots.profiles.hybrid import FETCH, Mechanism, core_and_tier, fetch_split, simulate_hybrid
+import dataclasses
+
+from moeslots.profiles.hybrid import FETCH, FETCH_SPLIT, Mechanism, core_and_tier, simulate_hybrid
 from moeslots.profiles.simulate import layer_counts
 
 L, E, K, SLAB_MB = 48, 128, 8, 2.654208
@@ -38,8 +41,8 @@ def best(rows: np.ndarray, counts: np.ndarray, slots: int, cost: CostModel, mech
 
 def main() -> None:
     moe = list(range(L))
-    print("| threads | routing | slots | llama.cpp cache | fetch (sim) | + CPU share, 87 us round trip | "
-          "+ CPU share, 30 us |\n|---|---|---|---|---|---|---|")
+    print("| threads | routing | slots | llama.cpp cache | fetch (sim) | fetch-split, share_ms 0.087 | 0.040 | 0.020 |"
+          "\n|---|---|---|---|---|---|---|---|")
     for routing in ("random", "donor chat"):
         full = (replay.uniform(1024 + 64 + 16, L, E, K, seed=7) if routing == "random"
                 else replay.from_trace(DONOR, E, K))
@@ -50,7 +53,9 @@ def main() -> None:
             cost = CostModel(slab_mb=SLAB_MB, cpu_gbps=CPU_GBPS[threads], pcie_gbps=26.8, base_ms=8.8)
             for slots in (32, 64):
                 ref = LLAMA[threads, routing, slots]
-                cells = [best(rows, counts, slots, cost, m) for m in (FETCH, fetch_split(0.087), fetch_split(0.030))]
+                cells = [best(rows, counts, slots, cost, FETCH)] + [
+                    best(rows, counts, slots, dataclasses.replace(cost, share_ms=ms), FETCH_SPLIT)
+                    for ms in (0.087, 0.040, 0.020)]
                 print(f"| {threads} | {routing} | {slots} | {ref} | " + " | ".join(
                     f"{v:.1f} ({v / ref:.2f}×, tier {d})" for v, d in cells) + " |")
 

@@ -1,6 +1,12 @@
 // GGML_OP_MOE_FETCH (moeslots patch 0008), the way llama.cpp's test-backend-ops tests an op: a tier stepped on the
 // chosen backend against a reference written here from the op's contract (ggml.h), step after step.
 //
+// Every shape runs twice: every miss copied, and with a CPU share (cpu_ratio > 0: only the best-scored u of m misses
+// copied, u the fewest of those that minimise max(u, (m - u)*ratio), found here by trying every u), each stepped
+// batch then publishing into a stage in host memory (the picks, the host plane, the layer's input, the done word
+// set to the request word written before the step), and a take node on the CPU giving the two planes back. A last
+// check: a take whose done word does not match waits until it does.
+//
 // Each case: E experts, k picks per token, a pack of S entries whose last D are the tier (some tier slots start
 // free), three expert tensors (gate, up, down shapes; F32, or I8 rows of an odd length so the copy's byte path
 // runs), the host experts in memory the backend reads (the device's host buffer type: pinned memory for CUDA).
@@ -21,19 +27,37 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
+// how many of m misses to copy: every u from 0 to min(room, m) tried, the fewest of the least max(u, (m - u)*ratio)
+int32_t ref_copies(int32_t m, double ratio, int32_t room) {
+    int32_t best = 0;
+    double  best_cost = (double) m * ratio;
+    for (int32_t u = 1; u <= std::min(room, m); ++u) {
+        const double cost = std::max((double) u, (double) (m - u) * ratio);
+        if (cost < best_cost) {
+            best      = u;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
 struct ref_tier {
     int64_t E, D;
     double decay;
+    double ratio = 0.0;             // the CPU share's cost ratio (0: every miss copied)
     std::vector<int32_t> map;       // expert -> entry
     std::vector<double>  score;
     std::vector<int32_t> resident, entry, in_tier;
@@ -71,7 +95,11 @@ struct ref_tier {
         std::stable_sort(miss.begin(), miss.end(), [&](int32_t a, int32_t b) { return score[a] > score[b]; });
         copies.assign(1 + 2*D, 0);
         int32_t placed = 0;
+        const int32_t n_copy = ratio > 0.0 ? ref_copies((int32_t) miss.size(), ratio, (int32_t) D) : (int32_t) miss.size();
         for (int32_t e : miss) {
+            if (placed == n_copy) {
+                break;
+            }
             int32_t v = -1;
             for (int32_t j = 0; j < D; ++j) {
                 const int32_t r = resident[j];
@@ -109,6 +137,7 @@ struct ref_tier {
         copies[0] = placed;
         counts[0] += (uint64_t) n;
         counts[3] += (uint64_t) placed;
+        counts[5] += (uint64_t) (miss.size() - placed);
     }
 
     // a decode batch that only reads the tier: its hits, its distinct misses, its tokens
@@ -159,12 +188,65 @@ bool same(const char * what, const T * a, const T * b, size_t n, std::string & w
     return true;
 }
 
-bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, const shape & sh, int steps, uint32_t seed,
-              std::string & why) {
+// a take node over stage_ids on the CPU backend: the two planes of n rows
+std::vector<int32_t> run_take(ggml_backend_t cpu, ggml_tensor * stage_ids, int64_t k, int64_t n, int64_t n_rows) {
+    ggml_init_params gp = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * gctx = ggml_init(gp);
+    ggml_tensor * take = ggml_moe_fetch_take(gctx, stage_ids, (int) k, (int) n, (int) n_rows);
+    ggml_set_output(take);
+    ggml_cgraph * gf = ggml_new_graph(gctx);
+    ggml_build_forward_expand(gf, take);
+    ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
+    ggml_gallocr_alloc_graph(galloc, gf);
+    std::vector<int32_t> got(2*k*n, 0);
+    if (ggml_backend_graph_compute(cpu, gf) == GGML_STATUS_SUCCESS) {
+        ggml_backend_tensor_get(take, got.data(), 0, got.size()*sizeof(int32_t));
+    }
+    ggml_gallocr_free(galloc);
+    ggml_free(gctx);
+    return got;
+}
+
+// a stage of n_rows rows in host_buft: the buffer, and the words and ids as the take's I32 tensor
+struct stage_mem {
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    ggml_tensor *         ids = nullptr;
+    char *                base = nullptr;
+
+    bool init(ggml_backend_buffer_type_t buft, int64_t k, int64_t n_rows, int64_t n_embd) {
+        const size_t size = ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_SIZE);
+        buf = ggml_backend_buft_alloc_buffer(buft, size);
+        if (!buf || !ggml_backend_buffer_is_host(buf)) {
+            return false;
+        }
+        ggml_init_params ip = { ggml_tensor_overhead(), nullptr, true };
+        ctx  = ggml_init(ip);
+        ids  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32,
+                (int64_t) (ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_CUR)/sizeof(int32_t)));
+        base = (char *) ggml_backend_buffer_get_base(buf);
+        memset(base, 0, size);
+        return ggml_backend_tensor_alloc(buf, ids, base) == GGML_STATUS_SUCCESS;
+    }
+    volatile uint32_t * words() const { return (volatile uint32_t *) base; }
+    ~stage_mem() {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+bool run_case(ggml_backend_t backend, ggml_backend_t cpu, ggml_backend_buffer_type_t host_buft, const shape & sh,
+              int steps, uint32_t seed, float ratio, std::string & why) {
     std::mt19937 rng(seed);
     const int64_t E = sh.E, k = sh.k, S = sh.S, D = sh.D;
     const int n_t = 3;
     const double decay = 0.95;
+    const int64_t n_embd = 24, n_rows = sh.max_n;
+    stage_mem stage;
+    if (ratio > 0.0f && !stage.init(host_buft, k, n_rows, n_embd)) {
+        why = "no stage";
+        return false;
+    }
 
     // host experts, in host_buft
     ggml_init_params hp = { (size_t) n_t*ggml_tensor_overhead(), nullptr, true };
@@ -199,7 +281,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
 
     // the plan: S experts at random, the last D pack entries the tier, a few of its slots free
     ref_tier ref;
-    ref.E = E; ref.D = D; ref.decay = decay;
+    ref.E = E; ref.D = D; ref.decay = decay; ref.ratio = (double) ratio;
     std::vector<int32_t> perm(E);
     for (int32_t e = 0; e < E; ++e) perm[e] = e;
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -271,14 +353,31 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
         ggml_set_input(ids_t);
         const void * host[n_t];
         for (int t = 0; t < n_t; ++t) host[t] = host_t[t]->data;
+        // a stepped batch of a tier with a CPU share publishes (the layer's input: random floats)
+        const bool publish = ratio > 0.0f && !read_only;
+        ggml_tensor * cur_t = nullptr;
+        std::vector<float> cur(n_embd*n);
+        if (publish) {
+            cur_t = ggml_new_tensor_2d(gctx, GGML_TYPE_F32, n_embd, n);
+            ggml_set_input(cur_t);
+            for (float & x : cur) {
+                x = (float) (rng() % 20001) / 1000.0f - 10.0f;
+            }
+        }
         ggml_tensor * out_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, pack_t, n_t, host, (int) D, decay, !read_only,
-                                             counted);
+                                             counted, read_only ? 0.0f : ratio, cur_t, publish ? stage.base : nullptr,
+                                             (int) n_rows);
         ggml_set_output(out_t);
         ggml_cgraph * gf = ggml_new_graph(gctx);
         ggml_build_forward_expand(gf, out_t);
         ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
         ggml_gallocr_alloc_graph(galloc, gf);
         ggml_backend_tensor_set(ids_t, ids.data(), 0, ids.size()*sizeof(int32_t));
+        const uint32_t request = 1000 + (uint32_t) s;
+        if (publish) {
+            ggml_backend_tensor_set(cur_t, cur.data(), 0, cur.size()*sizeof(float));
+            stage.words()[0] = request;
+        }
         if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
             why = "compute failed";
             ok = false;
@@ -295,6 +394,29 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
         if (ok && got != want) {
             why = "result planes differ at step " + std::to_string(s);
             ok = false;
+        }
+        if (ok && publish) {
+            // the stage: the done word, the picks and host plane in their rows, the input; then the take's planes
+            const int32_t * s_ids = (const int32_t *) (stage.base + ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_IDS));
+            const float   * s_cur = (const float *) (stage.base + ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_CUR));
+            if (stage.words()[1] != request) {
+                why = "the done word was not set at step " + std::to_string(s);
+                ok = false;
+            } else if (memcmp(s_ids, ids.data(), k*n*sizeof(int32_t)) != 0 ||
+                       memcmp(s_ids + k*n_rows, want.data() + k*n, k*n*sizeof(int32_t)) != 0) {
+                why = "the staged ids differ at step " + std::to_string(s);
+                ok = false;
+            } else if (memcmp(s_cur, cur.data(), cur.size()*sizeof(float)) != 0) {
+                why = "the staged input differs at step " + std::to_string(s);
+                ok = false;
+            } else {
+                std::vector<int32_t> planes(want);
+                std::copy(ids.begin(), ids.end(), planes.begin());
+                if (run_take(cpu, stage.ids, k, n, n_rows) != planes) {
+                    why = "the take's planes differ at step " + std::to_string(s);
+                    ok = false;
+                }
+            }
         }
         ggml_gallocr_free(galloc);
         ggml_free(gctx);
@@ -317,6 +439,10 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, cons
         }
         if (ok && (ref.counts[3] == 0 || ref.counts[5] == 0)) {
             why = "no copy, or no counted miss, happened: the case tests too little";
+            ok = false;
+        }
+        if (ok && ratio > 0.0f && ref.counts[5] <= ref.counts[3]/8) {
+            why = "the CPU share left almost no miss to the host chain: the case tests too little";
             ok = false;
         }
     }
@@ -350,6 +476,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "%s has no host buffer type\n", name.c_str());
         return 2;
     }
+    ggml_backend_t cpu = is_cpu ? backend : ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     printf("backend %s, host experts in %s\n", ggml_backend_name(backend), ggml_backend_buft_name(host_buft));
     const shape shapes[] = {
         { 16,  4,  8,  4, GGML_TYPE_F32,  32,  4, 2 },  // a tiny model's layer: one token fills the tier
@@ -360,14 +487,45 @@ int main(int argc, char ** argv) {
     };
     int n_pass = 0, n_fail = 0;
     uint32_t seed = 1;
+    const float ratios[] = { 0.0f, 0.7f, 2.5f };
     for (const shape & sh : shapes) {
-        std::string why;
-        const bool ok = run_case(backend, host_buft, sh, steps, seed++, why);
-        printf("%s E=%lld k=%lld S=%lld D=%lld %s%s%s\n", ok ? "ok  " : "FAIL", (long long) sh.E, (long long) sh.k,
-               (long long) sh.S, (long long) sh.D, ggml_type_name(sh.type), ok ? "" : ": ", why.c_str());
+        for (int ri = 0; ri < 2; ++ri) {
+            // each shape every miss copied, then with a CPU share (cheap and dear CPUs alternating)
+            const float ratio = ri == 0 ? 0.0f : ratios[1 + (&sh - shapes) % 2];
+            std::string why;
+            const bool ok = run_case(backend, cpu, host_buft, sh, steps, seed++, ratio, why);
+            printf("%s E=%lld k=%lld S=%lld D=%lld %s cpu_ratio %.1f%s%s\n", ok ? "ok  " : "FAIL", (long long) sh.E,
+                   (long long) sh.k, (long long) sh.S, (long long) sh.D, ggml_type_name(sh.type), ratio, ok ? "" : ": ",
+                   why.c_str());
+            (ok ? n_pass : n_fail)++;
+        }
+    }
+    {
+        // a take waits for its done word: not done after 50 ms of a stale one, done once the word matches
+        stage_mem stage;
+        bool ok = stage.init(ggml_backend_cpu_buffer_type(), 2, 1, 4);
+        std::atomic<bool> finished{false};
+        std::vector<int32_t> got;
+        if (ok) {
+            int32_t * s_ids = (int32_t *) (stage.base + ggml_moe_fetch_stage_offset(2, 1, 4, GGML_MOE_FETCH_STAGE_IDS));
+            const int32_t v[4] = { 5, 9, -1, 9 };
+            memcpy(s_ids, v, sizeof(v));
+            stage.words()[0] = 7;
+            stage.words()[1] = 6;
+            std::thread th([&] { got = run_take(cpu, stage.ids, 2, 1, 1); finished = true; });
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            const bool early = finished.load();
+            stage.words()[1] = 7;
+            th.join();
+            ok = !early && got == std::vector<int32_t>({ 5, 9, -1, 9 });
+        }
+        printf("%s a take waits for its done word\n", ok ? "ok  " : "FAIL");
         (ok ? n_pass : n_fail)++;
     }
     printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
+    if (cpu != backend) {
+        ggml_backend_free(cpu);
+    }
     ggml_backend_free(backend);
     return n_fail ? 1 : 0;
 }

@@ -1,6 +1,8 @@
 """The tier stepped on the device that holds the pack (patch 0008, GGML_OP_MOE_FETCH, `--policy fetch`): every miss
 of a decode batch whose picks fit in the tier is copied into it by the device itself, none is computed on the CPU,
-and the layer runs without its host chain; other batches read the tier as it stands. It never changes the output
+and the layer runs without its host chain; other batches read the tier as it stands. With a CPU share (`--policy
+fetch-split`) the device copies only part of each stepped batch's misses and publishes the host chain's inputs, which
+the CPU's take node reads to compute the others. It never changes the output
 (bit-identical logits to stock on the CPU, GPU rounding with MOESLOTS_TEST_PACK=gpu), its counts equal the
 simulator's (profiles.hybrid with the FETCH mechanism) exactly, and when it ends the host chain's map follows the
 device's."""
@@ -19,20 +21,24 @@ from moeslots.engine.cache import CacheError, SlotPlan, swap
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.native_tier import masks
 from moeslots.profiles.costs import CostModel
-from moeslots.profiles.hybrid import ENGINE, FETCH, Tier, simulate_hybrid
+from moeslots.profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, Tier, simulate_hybrid
 from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
 
 COST = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)
+# a CPU share: a CPU expert costs 1.5 GPU copies, so of m misses the device copies 3m/5 (rounded, the fewest on ties)
+SHARE = CostModel(slab_mb=1.0, cpu_gbps=2.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0, fetch_gbps=3.0)
 # with the pack on the GPU, the GPU reads the experts from pinned host memory: the models load without mmap
 LOAD = LoadOptions(extra_bufts=False, use_mmap=not ON_GPU)
 
 
+@pytest.mark.parametrize("share", [False, True], ids=["fetch", "fetch-split"])
 @pytest.mark.parametrize("slots,tier", [(12, 8), (12, 12)])       # a core + tier, all slots a tier
-def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: int, tier: int) -> None:
+def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: int, tier: int, share: bool) -> None:
     """A prompt, then decode batches of 1..8 tokens: batches whose picks fit (k * n <= tier) step it, the others
-    read it as it stands (their misses on the CPU). Logits equal stock's; afterwards, with the tier off, the host
-    chain's map follows where the tier left the experts (checked: with the host map not rebuilt, the decodes after
-    the tier differ from stock)."""
+    read it as it stands (their misses on the CPU); with a CPU share a stepped batch's misses are split between the
+    device's copies and the CPU, whose inputs come through the stage. Logits equal stock's; afterwards, with the tier
+    off, the host chain's map follows where the tier left the experts (checked: with the host map not rebuilt, the
+    decodes after the tier differ from stock; with the take's host plane dropped, the fetch-split rows differ)."""
     with Model(tiny_qwen, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
         f = m.facts
         k = f.n_expert_used
@@ -40,14 +46,14 @@ def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: 
         stock = _script(ctx)
         plan = SlotPlan.uniform(f.moe_layers, slots, f.n_expert)
         m.set_slots(plan, pack_host=PACK_HOST)
-        t = native_tier.NativeTier(m.ptr, plan, tier, COST, device=True)
+        t = native_tier.NativeTier(m.ptr, plan, tier, SHARE if share else COST, device=True, share=share)
         try:
             got = _script(ctx)
             t.step(force=True)
             c, now = t.counts, t.refresh()
         finally:
             t.close()
-        _same(stock, got, f"fetch tier of {tier}")
+        _same(stock, got, f"fetch{'-split' if share else ''} tier of {tier}")
         # every decode batch is counted; those over the tier (k * n > tier) leave their misses to the CPU
         assert c.layer_tokens == sum(CHUNKS) * len(f.moe_layers)
         assert c.uploads > 0 and c.cpu > 0 and c.bytes == c.uploads * f.slab_bytes
@@ -60,14 +66,14 @@ def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: 
 
 
 def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, table: replay.ReplayTable,
-              chunks: list[int]) -> native_tier.TierCounts:
+              chunks: list[int], share: bool = False) -> native_tier.TierCounts:
     m.set_slots(plan, pack_host=PACK_HOST)
     ctx.reset()
     replay.set_replay(ctx.ptr, table)
     toks = _tokens(m.n_vocab, 8 + sum(chunks), 2)
     ctx.decode(toks[:8], prompt=True)
     stats_mod.reset(ctx.ptr)
-    t = native_tier.NativeTier(m.ptr, plan, tier, COST, device=True)
+    t = native_tier.NativeTier(m.ptr, plan, tier, SHARE if share else COST, device=True, share=share)
     try:
         i = 8
         for n in chunks:
@@ -112,6 +118,34 @@ def test_the_simulator_predicts_the_fetch_tier(tiny_glm: Path, slots: int, tier:
             assert c.uploads == round(sim.sync_uploads_per_token * n) and sim.cpu_picks_per_token == 0
             host = simulate_hybrid(P, core, tier, COST, initial=first, mech=ENGINE)
             assert round(host.sync_uploads_per_token * n) != c.uploads
+
+
+@pytest.mark.parametrize("slots,tier", [(8, 4), (12, 8)])
+@pytest.mark.parametrize("batched", [False, True], ids=["one-token", "verify-batches"])
+def test_the_simulator_predicts_the_fetch_split(tiny_glm: Path, slots: int, tier: int, batched: bool) -> None:
+    """With a CPU share (`--policy fetch-split`) the same replay: the engine's core hits, tier hits, uploads, CPU
+    misses and bytes equal the simulator's with the FETCH_SPLIT mechanism, batch by batch; stepped batches leave
+    misses to the CPU (checked: the counts differ from FETCH's, which copies them all)."""
+    chunks = (CHUNKS * 5)[:40] if batched else [1] * 80
+    with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        ctx.enable_stats(ring_rows=0)
+        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
+        plan = SlotPlan.uniform(trunk, slots, f.n_expert, offset=5)
+        c = _replayed(m, ctx, plan, tier, table, chunks, share=True)
+        n = sum(chunks)
+        P = table.per_layer(trunk)[8:8 + n]
+        core, first = masks(plan, tier, f.n_expert)
+        want = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P, chunks, lambda b: True)
+        every = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH), P, chunks, lambda b: True)
+        stepped_cpu = int(want[3]) - int(stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P,
+                                                        chunks, lambda b: b * f.n_expert_used > tier)[3])
+        assert c.layer_tokens == n * len(trunk)
+        assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
+        assert c.bytes == c.uploads * f.slab_bytes and c.uploads > 10
+        assert tuple(want.tolist()) != tuple(every.tolist())
+        assert c.cpu > 0 and stepped_cpu > 0
 
 
 def test_the_fetch_tier_owns_its_slots(tiny_glm: Path) -> None:

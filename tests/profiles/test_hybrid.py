@@ -4,6 +4,8 @@ the static core the best choice."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import subprocess
 import sys
 from pathlib import Path
@@ -163,22 +165,28 @@ def test_batched_steps_are_the_engines_only_and_must_cover_the_tokens() -> None:
         hybrid.simulate_hybrid(P, core, 4, cost, mech=hybrid.IDEAL, batches=[3, 4, 5])
 
 
-def test_the_fetch_mechanism_uploads_every_miss_and_its_what_if_split_shares_them() -> None:
-    """FETCH (`--policy fetch`): every miss uploaded, none on the CPU, no round trip in the time. The what-if
-    fetch_split: with a round trip dearer than any split saves, it uploads as FETCH and each layer takes the round
-    trip (its copies hidden under it); with a free
-    round trip and a CPU as fast as the GPU's reads, the misses are shared and the token is faster."""
+def test_the_fetch_mechanism_uploads_every_miss_and_the_split_shares_them() -> None:
+    """FETCH (`--policy fetch`): every miss uploaded, none on the CPU, no round trip in the time. FETCH_SPLIT
+    (`--policy fetch-split`): each layer's misses split by the engine's rule (share_copies at the cost ratio of a CPU
+    expert to a GPU copy); with a CPU far dearer than a copy it uploads as FETCH and pays share_ms per layer on top;
+    with a CPU as fast as the GPU's reads and a cheap share the misses are shared and the token is faster."""
     P = _uniform(200, 4, 32, 4, seed=5)
     core, first = hybrid.core_and_tier(np.ones((4, 32)), 12, 6)
     cost = CostModel(slab_mb=1.0, cpu_gbps=50.0, pcie_gbps=10.0, gpu_gbps=1e4, base_ms=1.0, split_ms=0.1,
-                     fetch_gbps=50.0, fetch_layer_ms=0.0)
+                     fetch_gbps=50.0, fetch_layer_ms=0.0, share_ms=0.001)
     f = hybrid.simulate_hybrid(P, core, 6, cost, initial=first, mech=hybrid.FETCH)
     host = hybrid.simulate_hybrid(P, core, 6, cost, initial=first, mech=hybrid.ENGINE)
     assert f.cpu_picks_per_token == 0 and f.sync_uploads_per_token > host.sync_uploads_per_token
     assert f.hit_rate == pytest.approx(host.hit_rate, abs=0.05)
-    dear = hybrid.simulate_hybrid(P, core, 6, cost, initial=first, mech=hybrid.fetch_split(1e3))
-    assert (dear.sync_uploads_per_token, dear.cpu_picks_per_token) == (f.sync_uploads_per_token, 0.0)
-    # every layer now waits for its round trip, which hides its copies (1 MB / 50 GB/s each)
-    assert dear.ms_per_token == pytest.approx(f.ms_per_token - f.sync_uploads_per_token * 0.02 + 4 * 1e3)
-    free = hybrid.simulate_hybrid(P, core, 6, cost, initial=first, mech=hybrid.fetch_split(0.0))
-    assert free.cpu_picks_per_token > 0 and free.ms_per_token < f.ms_per_token
+    slow = dataclasses.replace(cost, cpu_gbps=0.01, share_ms=1.0)
+    dear = hybrid.simulate_hybrid(P, core, 6, slow, initial=first, mech=hybrid.FETCH_SPLIT)
+    f2 = hybrid.simulate_hybrid(P, core, 6, slow, initial=first, mech=hybrid.FETCH)
+    assert (dear.sync_uploads_per_token, dear.cpu_picks_per_token) == (f2.sync_uploads_per_token, 0.0)
+    assert dear.ms_per_token == pytest.approx(f2.ms_per_token + 4 * 1.0)
+    shared = hybrid.simulate_hybrid(P, core, 6, cost, initial=first, mech=hybrid.FETCH_SPLIT)
+    assert shared.cpu_picks_per_token > 0 and shared.ms_per_token < f.ms_per_token
+    # the split is the engine's: ratio 1 (CPU = copy), so u = m/2 rounded down on ties
+    assert hybrid.share_ratio(cost) == 1.0
+    assert [hybrid.share_copies(m, 1.0, 6) for m in range(6)] == [0, 0, 1, 1, 2, 2]
+    assert hybrid.share_copies(5, 4.0, 6) == 4 and hybrid.share_copies(5, 0.25, 6) == 1
+
