@@ -13,7 +13,9 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   routed bytes over the whole token time (a lower bound), and the result says so.
 - the GPU-stepped tier's upload rate (with a GPU, pinned memory; `--policy fetch`): decode with uniform replayed
   routing and every slot a tier at S and at S/2 slots; the bytes the tier copied per token are counted by the engine,
-  so fetch_gbps = (bytes/token at S/2 - at S) / (t(S/2) - t(S)).
+  so fetch_gbps = (bytes/token at S/2 - at S) / (t(S/2) - t(S)). Then the CPU share's cost per layer (`--policy
+  fetch-split`): the same S/2 decode with a CPU share whose CPU is so dear that no miss goes to it (every miss still
+  copied, the counts say so), so share_ms = (t(share) - t(S/2)) / layers: the wait and join each layer adds.
 - prompt batches (with a GPU): a 512-token prompt at S slots with the experts that are not in slots streamed to the
   GPU (llama.cpp's op-offload, batches >= 32) and computed on the CPU, from pageable and from pinned memory; the
   engine's contexts take the faster way (`prompt_path`).
@@ -61,6 +63,7 @@ class Calibration:
     upload_pageable_single_gbps: float = 0.0   # one slab at a time (median); the fields above: batched
     upload_pinned_single_gbps: float = 0.0
     fetch_gbps: float = 0.0            # the GPU reading pinned host memory itself (a GPU-stepped tier); 0: not measured
+    share_ms: float = 0.0              # a GPU-stepped tier's CPU share: per layer and token (0: not measured)
     host_copy_gbps: float = 0.0        # no GPU: the host-to-host pack copies (information, not PCIe)
     unmeasured: str = ""               # what this machine could not measure, and what the costs use instead
     # a 512-token prompt at the calibration's S slots (tok/s; 0: not measured): the experts not in slots streamed to
@@ -86,7 +89,8 @@ class Calibration:
         pcie = pcie or CostModel.h200(pinned=pinned).pcie_gbps
         cpu = dict(zip(self.cpu_threads, self.cpu_gbps_threads)).get(threads or 0, 0.0) or self.cpu_gbps
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=cpu, pcie_gbps=pcie, base_ms=self.base_ms,
-                         fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps)
+                         fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
+                         share_ms=self.share_ms or CostModel.share_ms)
 
     def render(self) -> str:
         up = [f"{v:.1f} GB/s {what}" for v, what in (
@@ -102,6 +106,7 @@ class Calibration:
                 + (f"; prompt 512 streamed/CPU: {self.prompt_stream_tok_s:.0f}/{self.prompt_cpu_tok_s:.0f} tok/s "
                    f"pageable, {self.prompt_stream_pinned_tok_s:.0f}/{self.prompt_cpu_pinned_tok_s:.0f} pinned"
                    if self.prompt_stream_tok_s else "")
+                + (f"; CPU share {1000 * self.share_ms:.0f} us/layer (--policy fetch-split)" if self.share_ms else "")
                 + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
 
 
@@ -223,42 +228,53 @@ def _decode_ms(ctx: Context, toks: list[int]) -> float:
     return float(np.median(per)) * 1e3
 
 
-def _fetch_gbps(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pack_host: bool,
-                log: Callable[[str], None]) -> float:
-    """The GPU-stepped tier's uploads, GB/s (0: not measurable): decode at S and S/2 slots per layer, every slot a
-    tier, under uniform replayed routing; the difference in bytes copied per token over the difference in time."""
+def _fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pack_host: bool,
+                 log: Callable[[str], None]) -> tuple[float, float]:
+    """The GPU-stepped tier's uploads (GB/s) and its CPU share's cost per layer (ms), 0 where not measurable: decode
+    at S and S/2 slots per layer, every slot a tier, under uniform replayed routing (the difference in bytes copied
+    per token over the difference in time); then S/2 again with a CPU share that leaves the CPU nothing (a CPU cost
+    a million times a copy's), whose extra time per token over the layers is the share's own cost."""
     f = m.facts
     sizes = sorted({s for s in (S, S // 2) if f.n_expert_used <= s < f.n_expert}, reverse=True)
     if len(sizes) < 2:
-        return 0.0
+        return 0.0, 0.0
     toks = [int(t) for t in np.random.default_rng(3).integers(0, m.n_vocab - 16, n_tokens + 9)]
+    dear_cpu = dataclasses.replace(CostModel(), cpu_gbps=CostModel.fetch_gbps * 1e-6)
     res = []
     with Context(m, n_ctx=n_tokens + 64, threads=threads) as ctx:
         replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
-        for s in sizes:
+        for s, share in [(sizes[0], False), (sizes[1], False), (sizes[1], True)]:
             plan = SlotPlan({il: tuple(range(s)) for il in moe})
             m.set_slots(plan, pack_host=pack_host)
             ctx.reset()
             ctx.decode(toks[:8], prompt=True)
             try:
-                tier = NativeTier(m.ptr, plan, s, CostModel(), device=True)
+                tier = NativeTier(m.ptr, plan, s, dear_cpu, device=True, share=share)
             except CacheError as e:                         # this device cannot step it: not measured
                 log(f"GPU-stepped tier: {e}")
                 m.set_slots(SlotPlan({}), pack_host=pack_host)
-                return 0.0
+                return (0.0, 0.0) if not share else (_rate(res), 0.0)
             try:
                 ctx.decode([toks[8]])                       # graphs for this configuration
                 tier.step(force=True)
                 tier.counts = TierCounts()
                 ms = _decode_ms(ctx, toks[9:])
                 tier.step(0, force=True)
-                res.append((ms, tier.counts.bytes / len(toks[9:]) / 1e6))
+                res.append((ms, tier.counts.bytes / len(toks[9:]) / 1e6, tier.counts.cpu))
             finally:
                 tier.close()
-            log(f"GPU-stepped tier, {s} slots: {res[-1][0]:.2f} ms/token, {res[-1][1]:.1f} MB copied/token")
+            log(f"GPU-stepped tier{' with a CPU share' if share else ''}, {s} slots: {res[-1][0]:.2f} ms/token, "
+                f"{res[-1][1]:.1f} MB copied/token")
         replay.set_replay(ctx.ptr, None)
     m.set_slots(SlotPlan({}), pack_host=pack_host)
-    (ta, ma), (tb, mb) = res                              # more slots first: fewer bytes, less time
+    (tb, mb, _), (tc, mc, cpu) = res[1], res[2]
+    # the share's run must have copied what the plain run copied and left nothing to the CPU
+    share = (tc - tb) / len(moe) if tc > tb and cpu == 0 and abs(mc - mb) <= 1e-9 + 1e-6 * mb else 0.0
+    return _rate(res), share
+
+
+def _rate(res: list[tuple[float, float, int]]) -> float:
+    (ta, ma, _), (tb, mb, _) = res[0], res[1]            # more slots first: fewer bytes, less time
     return (mb - ma) / (tb - ta) if tb > ta and mb > ma else 0.0     # MB/ms = GB/s
 
 
@@ -322,13 +338,13 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
         by = {t: _cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
         pp = (0.0, 0.0) if pack_host else _prompt_rates(m, moe, S, top, log)
     cpu_gbps, base, method = by[top]
-    pinned = pinned_1 = fetch = 0.0
+    pinned = pinned_1 = fetch = share = 0.0
     pp_pinned = (0.0, 0.0)
     if not pack_host:
         log("uploads from pinned memory (model loaded without mmap)")
         with Model(model_path, LoadOptions(experts_on_host=True, use_mmap=False)) as m2:
             pinned, pinned_1 = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
-            fetch = _fetch_gbps(m2, moe, S, top, n_tokens, False, log)
+            fetch, share = _fetch_rates(m2, moe, S, top, n_tokens, False, log)
             pp_pinned = _prompt_rates(m2, moe, S, top, log)
     host = 0.0
     unmeasured = ""
@@ -343,5 +359,6 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        cpu_gbps=cpu_gbps, base_ms=base, method=method, threads=top,
                        cpu_threads=tuple(by), cpu_gbps_threads=tuple(round(v[0], 3) for v in by.values()),
                        upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1, fetch_gbps=fetch,
+                       share_ms=share,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

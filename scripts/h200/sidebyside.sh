@@ -9,8 +9,8 @@
 #                                                   # LIMIT s (540) with $OUT/sidebyside.md and .json so far
 #   STAGE=collect bash scripts/h200/sidebyside.sh   # waits up to LIMIT s more for it; the table again
 # ROUTING (default: random tokens and the routing donor's chat trace, sampled), N (decode tokens, 64), REPS (1),
-# POLICIES (moeslots', static,hybrid,dynamic,auto), LOADS (pinned,mmap; fetch needs pinned); FIRST=1: after the
-# build's tests, the op test over CUDA and a first static/fetch reading at 64 slots, 6 threads. Without a llama-bench build, moeslots' columns alone.
+# POLICIES (moeslots', static,hybrid,dynamic,auto), LOADS (pinned,mmap; fetch and fetch-split need pinned); FIRST=1:
+# after the build's tests, the op test over CUDA and a first static/fetch/fetch-split reading at 64 slots, 6 threads. Without a llama-bench build, moeslots' columns alone.
 # The costs the tier and `--policy auto` use are written into the config as a calibration: the CPU expert rate at 16
 # and 6 threads from `bench decode --timing` on this box (the CPU split's compute minus its fixed part at 127 slots),
 # uploads from its `doctor --calibrate` (pinned single-slab and pageable rates).
@@ -42,7 +42,7 @@ if [ "$STAGE" = build ]; then
         $R/tests/engine/test_native_tier.py $R/tests/engine/test_fetch_tier.py 2>&1 | tail -15 )
     bash scripts/h200/fetch-op.sh | tail -7
     [ -n "${FIRST:-}" ] && [ -f /tmp/big.gguf ] && (cd /tmp && timeout 240 $M bench repick /tmp/big.gguf --every 0 \
-        --policy static,fetch --slots 64 --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -6)
+        --policy static,fetch,fetch-split --slots 64 --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -8)
   fi
 else
   # STAGE=run starts the measurement (unless it is running or done), STAGE=collect only waits; both return after

@@ -16,7 +16,7 @@
 #   --routing R1,R2      random: llama.cpp routes random tokens itself, moeslots replays uniform random rows;
 #                        uniform: both replay the same uniform random rows; a trace (csv/npz): both replay it
 #                        [random]
-#   --policies P1,P2     moeslots policies [static,hybrid,dynamic,auto] (fetch: pinned cells only)
+#   --policies P1,P2     moeslots policies [static,hybrid,dynamic,auto] (fetch, fetch-split: pinned cells only)
 #   -n N / -p N / -r N   decode tokens (both engines), llama-bench prompt tokens, repetitions (both engines: moeslots
 #                        takes the median of its repetitions, the policies taking turns) [64 / 512 / 2]
 #   --profile-rows N     routing rows that plan moeslots' slots (bench repick --profile-rows) [1024]
@@ -141,8 +141,10 @@ for load in "${loads[@]}"; do
             fi
         done
         res=$RAW/moeslots-$load-t$t.json
-        pol=$POLICIES   # fetch reads pinned memory: not with mmap'ed experts on a GPU (its cells show "–")
-        if [[ $load == mmap && ${#PACK[@]} -eq 0 ]]; then pol=$(echo ",$POLICIES," | sed 's/,fetch,/,/g; s/^,//; s/,$//'); fi
+        pol=$POLICIES   # fetch, fetch-split read pinned memory: not with mmap'ed experts on a GPU (their cells show "–")
+        if [[ $load == mmap && ${#PACK[@]} -eq 0 ]]; then
+          pol=$(echo ",$POLICIES," | sed 's/,fetch-split,/,/g; s/,fetch,/,/g; s/^,//; s/,$//')
+        fi
         [[ -n $pol ]] || continue
         cmd=("${M[@]}" bench repick "$MODEL" --every 0 --policy "$pol" --slots "$SLOTS" --replay "$replays"
              --threads "$t" -n "$NGEN" -r "$REPS" --profile-rows "$PROFILE_ROWS" "${mm[@]}" "${PACK[@]}" --json "$res")

@@ -133,17 +133,23 @@ def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: P
 def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path) -> None:
     """The GPU-stepped tier's rate (run with a GPU and pinned memory; here its pack in host memory, so the copies
     are memcpys): two configurations decoded, the engine's own count of the bytes copied per token logged for each
-    (fewer slots: more bytes), the rate from their difference; a calibration carries it into the cost model."""
+    (fewer slots: more bytes), the rate from their difference; then the second again with a CPU share that leaves
+    the CPU nothing: the same bytes copied (its cost per layer from the time difference, 0 when not above the
+    plain run's); a calibration carries both into the cost model."""
     from moeslots.engine.model import LoadOptions, Model
 
     logs: list[str] = []
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
         moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
-        rate = calibrate._fetch_gbps(m, moe, 12, 2, 24, True, logs.append)
+        rate, share = calibrate._fetch_rates(m, moe, 12, 2, 24, True, logs.append)
     mb = [float(line.rsplit(", ", 1)[1].split(" MB")[0]) for line in logs]
-    assert [line.split(",")[0] for line in logs] == ["GPU-stepped tier", "GPU-stepped tier"]
-    assert len(mb) == 2 and 0 < mb[0] < mb[1] and rate >= 0.0
+    assert [line.split(",")[0] for line in logs] == ["GPU-stepped tier", "GPU-stepped tier",
+                                                     "GPU-stepped tier with a CPU share"]
+    assert len(mb) == 3 and 0 < mb[0] < mb[1] == mb[2] and rate >= 0.0 and share >= 0.0
     c = calibrate.Calibration(machine="m", date="d", model="x", slab_mb=1.0, upload_pageable_gbps=1.0,
-                              upload_pinned_gbps=2.0, cpu_gbps=3.0, base_ms=1.0, method="split", fetch_gbps=41.0)
+                              upload_pinned_gbps=2.0, cpu_gbps=3.0, base_ms=1.0, method="split", fetch_gbps=41.0,
+                              share_ms=0.025)
     assert c.cost_model(pinned=True).fetch_gbps == 41.0 and "41.0 GB/s read by the GPU" in c.render()
-    assert dataclasses.replace(c, fetch_gbps=0.0).cost_model().fetch_gbps == 50.0     # not measured: the H200 box's
+    assert c.cost_model().share_ms == 0.025 and "CPU share 25 us/layer" in c.render()
+    unmeasured = dataclasses.replace(c, fetch_gbps=0.0, share_ms=0.0).cost_model()
+    assert (unmeasured.fetch_gbps, unmeasured.share_ms) == (50.0, 0.040)     # not measured: the defaults

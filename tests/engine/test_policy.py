@@ -33,20 +33,22 @@ def _reply(e: Engine, ask: str) -> str:
 
 
 def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
-    """static, hybrid, dynamic, fetch through the Engine, with MTP drafts (verify batches, which step the host tier
+    """static, hybrid, dynamic, fetch, fetch-split through the Engine, with MTP drafts (verify batches, which step the host tier
     too; the GPU-stepped one (fetch: 2 core + 4 tier slots, k 4) only in batches whose picks fit in it): the same
-    greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads."""
+    greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads (fetch-split
+    under the default costs: the CPU takes a share of every stepped batch's misses)."""
     texts = {}
-    for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6), ("fetch", 6)):
+    for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6), ("fetch", 6),
+                          ("fetch-split", 6)):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=True, policy=policy,
                                 slots=SlotPlan.uniform([1, 2], slots, 16) if slots else 0))
         try:
             texts[policy, slots] = [_reply(e, "tell me about the experts"), _reply(e, "and more")]
             snap = e.snapshot()
             core, tier, cpu = snap.split_per_token
-            if policy == "fetch":
-                assert snap.policy == "fetch" and snap.tier_slots == 4
-                assert snap.policy_line.startswith("fetch: 2 core + 4 tier")
+            if policy in ("fetch", "fetch-split"):
+                assert snap.policy == policy and snap.tier_slots == 4
+                assert snap.policy_line.startswith(f"{policy}: 2 core + 4 tier")
                 # verify batches over the tier (k * n > 4) only read it: their misses are computed on the CPU, counted
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
                 assert cpu > 0 and snap.cpu_experts_per_token == cpu

@@ -107,6 +107,18 @@ def test_choose_policy_by_cost() -> None:
     assert dear[:2] == ("static", 0) and dear[2].startswith("static: "), dear
     assert (tier_slots("static", 16), tier_slots("hybrid", 16), tier_slots("hybrid", 16, 3),
             tier_slots("dynamic", 16), tier_slots("hybrid", 0)) == (0, 4, 3, 16, 0)
+    assert tier_slots("fetch-split", 16, used=4) == tier_slots("fetch", 16, used=4) == 8
+    with pytest.raises(ValueError):
+        tier_slots("fetch-split", 16, 3, used=4)
+    # the GPU-stepped tier (pinned experts): with a CPU that reads as fast as the GPU's copies and a cheap share the
+    # CPU share wins; with a dear share (or a slow CPU) every miss is fetched
+    pk4 = Picks(_uniform(600, 2, 64, 4, seed=3), [0, 1], 64)
+    fast = CostModel(slab_mb=3.0, cpu_gbps=50.0, pcie_gbps=10.0, fetch_gbps=50.0, share_ms=0.001, base_ms=1.0,
+                     split_ms=0.5)
+    assert choose_policy(pk4, 16, fast, fetch=True)[0] == "fetch-split"
+    assert choose_policy(pk4, 16, dataclasses.replace(fast, share_ms=1.0), fetch=True)[0] == "fetch"
+    assert choose_policy(pk4, 16, dataclasses.replace(fast, cpu_gbps=1.0), fetch=True)[0] == "fetch"
+    assert choose_policy(pk4, 16, fast)[0] not in ("fetch", "fetch-split")        # no pinned experts: never
     with pytest.raises(ValueError):
         tier_slots("hybrid", 4, 5)
 
