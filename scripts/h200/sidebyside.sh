@@ -13,7 +13,8 @@
 # after the build's tests, the op test over CUDA and a first static/fetch/fetch-split reading at 64 slots, 6 threads. Without a llama-bench build, moeslots' columns alone.
 # The costs the tier and `--policy auto` use are written into the config as a calibration: the CPU expert rate at 16
 # and 6 threads from `bench decode --timing` on this box (the CPU split's compute minus its fixed part at 127 slots),
-# uploads from its `doctor --calibrate` (pinned single-slab and pageable rates).
+# uploads from its `doctor --calibrate` (pinned single-slab and pageable rates); the GPU-stepped tier's reading rate
+# and its CPU share's cost per layer as FIRST=1 measured them (calibrate._fetch_rates), else the cost model's defaults.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; N=${N:-64}; REPS=${REPS:-1}
@@ -41,8 +42,21 @@ if [ "$STAGE" = build ]; then
     ( cd /tmp && MOESLOTS_TEST_PACK=gpu timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
         $R/tests/engine/test_native_tier.py $R/tests/engine/test_fetch_tier.py 2>&1 | tail -15 )
     bash scripts/h200/fetch-op.sh | tail -7
-    [ -n "${FIRST:-}" ] && [ -f /tmp/big.gguf ] && (cd /tmp && timeout 240 $M bench repick /tmp/big.gguf --every 0 \
-        --policy static,fetch,fetch-split --slots 64 --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -8)
+    if [ -n "${FIRST:-}" ] && [ -f /tmp/big.gguf ]; then
+      # the GPU-stepped tier's own costs on this model (pinned, 64 slots, 6 threads): its reading rate and the CPU
+      # share's cost per layer, for the calibration STAGE=run writes ($B/fetch-costs.txt), then a first reading
+      (cd /tmp && timeout 200 python3 -P - > $B/fetch-costs.txt 2>&1 <<'PY'
+from moeslots.engine import calibrate
+from moeslots.engine.model import LoadOptions, Model
+with Model("/tmp/big.gguf", LoadOptions(experts_on_host=True, use_mmap=False)) as m:
+    moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
+    g, s = calibrate._fetch_rates(m, moe, 64, 6, 32, False, print)
+print(f"fetch_gbps {g:.2f} share_ms {s:.4f}")
+PY
+      ); tail -4 $B/fetch-costs.txt
+      (cd /tmp && timeout 240 $M bench repick /tmp/big.gguf --every 0 --policy static,fetch,fetch-split --slots 64 \
+          --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -8)
+    fi
   fi
 else
   # STAGE=run starts the measurement (unless it is running or done), STAGE=collect only waits; both return after
@@ -57,9 +71,14 @@ else
     touch $B/sbs.started; $M doctor | head -3
   python3 -P - <<'EOF'
 from moeslots.engine import calibrate
+import os, re
+fc = open("/tmp/bench/fetch-costs.txt").read() if os.path.exists("/tmp/bench/fetch-costs.txt") else ""
+m = re.search(r"fetch_gbps ([0-9.]+) share_ms ([0-9.]+)", fc)
+fetch, share = (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)   # 0: the cost model's defaults
 c = calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="big.gguf", slab_mb=2.654208,
                           upload_pageable_gbps=5.34, upload_pinned_gbps=26.8, cpu_gbps=63.4, base_ms=8.8,
-                          method="split", threads=16, cpu_threads=(6, 16), cpu_gbps_threads=(31.1, 63.4))
+                          method="split", threads=16, cpu_threads=(6, 16), cpu_gbps_threads=(31.1, 63.4),
+                          fetch_gbps=fetch, share_ms=share)
 print("costs written:", calibrate.save(c), c.render())
 EOF
     if [ -x $L/build/bin/llama-bench ]; then
