@@ -140,6 +140,16 @@ def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     assert ideal.returncode == 0 and "| 0 + 16 | dynamic |" in ideal.stdout and "ideal:" in ideal.stdout
     mixed = run("--slots", "16", "--policy", "hybrid", "--policy", "lru")
     assert mixed.returncode == 2 and "runs alone" in mixed.stderr
+    # the GPU-stepped tier with a CPU share: its own line, its cost per layer; a cheap share moves misses to the CPU
+    split = run("--slots", "16", "--policy", "hybrid", "--tier", "8", "--mechanism", "fetch-split", "--slab-mb", "0.035",
+                "--cpu-gbps", "50", "--fetch-gbps", "50", "--share-ms", "0.001")
+    assert split.returncode == 0 and "fetch-split (--policy fetch-split)" in split.stdout and "0.001 ms" in split.stdout
+    row = next(ln for ln in split.stdout.splitlines() if ln.startswith("| 8 + 8"))
+    assert float(row.split("|")[6]) > 0                                  # CPU experts per token
+    alone = run("--slots", "16", "--mechanism", "fetch-split")
+    assert alone.returncode == 2 and "tier sweep" in alone.stderr and "Traceback" not in alone.stderr
+    neg = run("--slots", "16", "--policy", "hybrid", "--mechanism", "fetch-split", "--share-ms", "-1")
+    assert neg.returncode == 2 and "--share-ms" in neg.stderr
 
 
 def test_the_native_mechanism_uploads_now_and_never_transiently() -> None:
