@@ -157,6 +157,13 @@ def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None) -> t
     return cost, f"costs calibrated on this machine {cal.date}, {up}"
 
 
+def share_measured() -> bool:
+    """Whether this machine's calibration measured the cost of a GPU-stepped tier's CPU share (`--policy fetch-split`):
+    `--policy auto` considers fetch-split only then (the measurement has also run it on this machine)."""
+    cal = load()
+    return cal is not None and cal.share_ms > 0
+
+
 def prompt_path(*, pinned: bool) -> tuple[bool, str]:
     """(op_offload for the engine's context, the line that says why): the way this machine's calibration measured
     faster for prompt batches' experts that are not in slots; llama.cpp's default (streamed) when not measured."""

@@ -23,6 +23,7 @@ from ..profiles import repick as chooser
 from ..profiles.costs import CostModel
 from ..profiles.trace import TraceError, from_ring, read_csv
 from . import cache as cache_mod
+from . import calibrate
 from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
@@ -94,7 +95,8 @@ class Residency:
         cost, source = eng.cost_model()
         try:
             pol, d, why = policy_mod.choose_policy(read_csv(Path(eng.cfg.profile)), slots, cost,
-                                                   fetch=not (eng.cfg.pack_host or eng.model.opts.use_mmap))
+                                                   fetch=not (eng.cfg.pack_host or eng.model.opts.use_mmap),
+                                                   share=calibrate.share_measured())
         except (TraceError, ValueError) as e:
             return "static", 0, f"static ({e})"
         return pol, d, f"{why} [{source}]"

@@ -48,13 +48,15 @@ def name(slots: int, tier: int) -> str:
 
 def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *,
                   tiers: Sequence[int] | None = None, mech: Mechanism = ENGINE, holdout: float = 0.5,
-                  min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False) -> tuple[str, int, str]:
+                  min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False,
+                  share: bool = True) -> tuple[str, int, str]:
     """`--policy auto`: the tier size (0 = static) with the lowest estimated ms/token, the rule run with the engine's
     mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the core
     comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
     tokens), a tier only when it is estimated `min_gain` faster than static. Deterministic. Returns (policy, tier
     slots, one line saying why). fetch: the GPU-stepped tier is possible here (experts in pinned memory, slots on a
-    GPU): its tiers are scored too, with the FETCH and FETCH_SPLIT mechanisms, and win as "fetch" or "fetch-split"."""
+    GPU): its tiers are scored too, with the FETCH and (share: the machine's cost of a CPU share is known) the
+    FETCH_SPLIT mechanisms, and win as "fetch" or "fetch-split"."""
     cost = cost or CostModel()
     pk = _picks(trace)
     P, layers, n_expert = pk.P, pk.layers, pk.n_expert
@@ -75,7 +77,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
         k = int(P.shape[2]) if P.ndim == 3 else 1
         for d in sorted(d for d in {max(1, slots // 4), slots // 2, slots} if d >= k):
             core, first = core_and_tier(counts, slots, d)
-            for pol, m in (("fetch", FETCH), ("fetch-split", FETCH_SPLIT)):
+            for pol, m in (("fetch", FETCH), ("fetch-split", FETCH_SPLIT))[:2 if share else 1]:
                 results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=m), d, pol))
     static = results[0][0]
     best, d, gpu_pol = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], str(r[2])), default=results[0])

@@ -89,7 +89,8 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                 for pol in policies:
                     if pol == "auto":
                         chosen, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost,
-                                                                  fetch=not (pack_host or mmap))
+                                                                  fetch=not (pack_host or mmap),
+                                                                  share=calibrate.share_measured())
                     else:
                         chosen, d, why = pol, policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), ""
                     tiers[pol] = (d, why, chosen if chosen in policy_mod.GPU_STEPPED else "")

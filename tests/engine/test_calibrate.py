@@ -130,7 +130,7 @@ def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: P
             eng.close()
 
 
-def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path) -> None:
+def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path, cfg_home: Path) -> None:
     """The GPU-stepped tier's rate (run with a GPU and pinned memory; here its pack in host memory, so the copies
     are memcpys): two configurations decoded, the engine's own count of the bytes copied per token logged for each
     (fewer slots: more bytes), the rate from their difference; then the second again with a CPU share that leaves
@@ -151,5 +151,12 @@ def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path) -> 
                               share_ms=0.025)
     assert c.cost_model(pinned=True).fetch_gbps == 41.0 and "41.0 GB/s read by the GPU" in c.render()
     assert c.cost_model().share_ms == 0.025 and "CPU share 25 us/layer" in c.render()
+    # `auto` considers fetch-split only where the share was measured (which also ran it here)
+    here = dataclasses.replace(c, machine=calibrate.machine_id())
+    assert not calibrate.share_measured()                                  # no calibration
+    calibrate.save(here)
+    assert calibrate.share_measured()
+    calibrate.save(dataclasses.replace(here, share_ms=0.0))
+    assert not calibrate.share_measured()
     unmeasured = dataclasses.replace(c, fetch_gbps=0.0, share_ms=0.0).cost_model()
     assert (unmeasured.fetch_gbps, unmeasured.share_ms) == (50.0, 0.040)     # not measured: the defaults
