@@ -1,6 +1,6 @@
-"""The dynamic tier run by the engine itself (patch 0007; stepped on the GPU: patch 0008): per layer the plan's last D slots follow the routing, and
-each miss of a decode token is computed on the CPU or uploaded into the tier now and computed on the GPU in the
-same token, whichever this machine's costs say (profiles.hybrid's rule with the NATIVE mechanism, stepped inside
+"""The dynamic tier run by the engine itself (patch 0007; stepped on the GPU: patch 0008): per layer the plan's last
+D slots follow the routing, and each miss of a decode token is computed on the CPU or uploaded into the tier now and
+computed on the GPU in the same token, whichever this machine's costs say (profiles.hybrid's rule with the NATIVE mechanism, stepped inside
 the graph: no Python between layers). This module binds the C calls and keeps the Python view of it: the plan the
 cache holds (core + the tier's residents) and the per-token split (core / tier / uploaded / CPU).
 
@@ -41,7 +41,7 @@ def _bind() -> object:
     return L
 
 
-def share_ms(cost: CostModel) -> tuple[float, float]:
+def share_costs(cost: CostModel) -> tuple[float, float]:
     """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (the engine
     splits by their ratio: profiles.hybrid.share_ratio)."""
     return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.fetch_gbps
@@ -57,7 +57,7 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
     if device:
         if share and cost is None:
             raise ValueError("a CPU share needs the machine's costs")
-        t_cpu, t_up = share_ms(cost) if share and cost is not None else (0.0, 0.0)
+        t_cpu, t_up = share_costs(cost) if share and cost is not None else (0.0, 0.0)
         msg = ctypes.create_string_buffer(512)
         rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, decay, t_cpu, t_up, msg, len(msg)))
         if rc < 0:

@@ -74,7 +74,8 @@ class Residency:
         S = plan.slots_per_layer
         if cfg.policy in policy_mod.GPU_STEPPED and self.eng.model.opts.use_mmap and not cfg.pack_host:
             raise EngineError(f"--policy {cfg.policy}: the GPU reads missed experts from pinned host memory, and this "
-                              "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another policy")
+                              "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another "
+                              "policy")
         if cfg.policy == "auto":
             pol, self.tier_d, why = self._auto_policy(S)
             self.policy_line = f"auto: {why}"
@@ -83,7 +84,8 @@ class Residency:
                 self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier, used=self.eng.model.facts.n_expert_used)
             except ValueError as e:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
-            pol = cfg.policy if cfg.policy in policy_mod.GPU_STEPPED and self.tier_d else policy_mod.name(S, self.tier_d)
+            gpu = cfg.policy in policy_mod.GPU_STEPPED and self.tier_d
+            pol = cfg.policy if gpu else policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
         self.device, self.share = pol in policy_mod.GPU_STEPPED, pol == "fetch-split"
         return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)

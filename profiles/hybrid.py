@@ -48,8 +48,9 @@ class Mechanism:
     batch_steps: bool = True        # multi-token decode batches step the tier (else they read it as it stands)
     device: bool = False            # the tier stepped on the GPU (patch 0008): every miss uploaded, none on the CPU, no
                                     # host round trip; a batch whose picks do not fit in the tier reads it as it stands
-    cpu_share: bool = False         # with `device`: only share_copies of each layer's misses uploaded, the CPU computing
-                                    # the others beside the copies (`--policy fetch-split`), each layer adding share_ms
+    cpu_share: bool = False         # with `device`: only share_copies of each layer's misses uploaded, the CPU
+                                    # computing the others beside the copies (`--policy fetch-split`), each layer
+                                    # adding share_ms
 
     def __post_init__(self) -> None:
         if self.lag > 0 and not self.one_per_layer:

@@ -99,7 +99,8 @@ def cmd_repick(a: argparse.Namespace) -> int:
     from ..profiles.policy import POLICIES
 
     if a.every is None and a.policy is None:
-        raise UserError("bench repick needs --every N1,N2|auto and/or --policy static,hybrid,dynamic,fetch,fetch-split,auto")
+        raise UserError("bench repick needs --every N1,N2|auto and/or --policy "
+                        "static,hybrid,dynamic,fetch,fetch-split,auto")
     words = [x.strip() for x in (a.every or "").split(",") if x.strip()]
     if a.every is not None and (not words or not all(x == "auto" or x.isdigit() for x in words)):
         raise UserError(f"--every takes intervals >= 0 (0: static) or auto, not {a.every!r}")
