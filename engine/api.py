@@ -166,7 +166,7 @@ class Snapshot:
     reread: bool = False                  # the last turn re-read the whole prompt (its prefix could not be kept)
     mtp_line: str = ""                    # MTP drafting on/off and why (engine.mtp_auto), "" without MTP
     n_expert: int = 0                     # experts per layer of the model (0: not known)
-    policy: str = "static"                # residency policy in force: static, hybrid, dynamic, fetch (engine.native_tier)
+    policy: str = "static"                # residency policy in force: static, hybrid, dynamic, fetch, fetch-split
     tier_slots: int = 0                   # dynamic slots per layer (the last ones of each layer's slots)
     policy_line: str = ""                 # the policy in force, or `--policy auto`'s decision and why ("" no slots)
     split_per_token: tuple[float, float, float] = (0.0, 0.0, 0.0)   # decode picks per token served by the core
