@@ -49,7 +49,7 @@ def name(slots: int, tier: int) -> str:
 def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *,
                   tiers: Sequence[int] | None = None, mech: Mechanism = ENGINE, holdout: float = 0.5,
                   min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False,
-                  share: bool = True) -> tuple[str, int, str]:
+                  share: bool = False) -> tuple[str, int, str]:
     """`--policy auto`: the tier size (0 = static) with the lowest estimated ms/token, the rule run with the engine's
     mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the core
     comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`

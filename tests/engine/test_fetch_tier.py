@@ -57,6 +57,16 @@ def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: 
         # every decode batch is counted; those over the tier (k * n > tier) leave their misses to the CPU
         assert c.layer_tokens == sum(CHUNKS) * len(f.moe_layers)
         assert c.uploads > 0 and c.cpu > 0 and c.bytes == c.uploads * f.slab_bytes
+        if share:
+            # the CPU takes a share of the stepped batches too: more CPU misses than fetch on the same script
+            m.set_slots(plan, pack_host=PACK_HOST)
+            t2 = native_tier.NativeTier(m.ptr, plan, tier, COST, device=True)
+            try:
+                _script(ctx)
+                t2.step(force=True)
+            finally:
+                t2.close()
+            assert c.cpu > t2.counts.cpu and c.uploads < t2.counts.uploads
         assert all(now.slots_of(il)[:slots - tier] == plan.slots_of(il)[:slots - tier] for il in f.moe_layers)
         assert all(len(set(now.slots_of(il))) == slots for il in f.moe_layers)
         assert now != plan

@@ -37,7 +37,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
     too; the GPU-stepped one (fetch: 2 core + 4 tier slots, k 4) only in batches whose picks fit in it): the same
     greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads (fetch-split
     under the default costs: the CPU takes a share of every stepped batch's misses)."""
-    texts = {}
+    texts, cpu_of = {}, {}
     for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6), ("fetch", 6),
                           ("fetch-split", 6)):
         e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=True, policy=policy,
@@ -46,6 +46,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
             texts[policy, slots] = [_reply(e, "tell me about the experts"), _reply(e, "and more")]
             snap = e.snapshot()
             core, tier, cpu = snap.split_per_token
+            cpu_of[policy] = cpu
             if policy in ("fetch", "fetch-split"):
                 assert snap.policy == policy and snap.tier_slots == 4
                 assert snap.policy_line.startswith(f"{policy}: 2 core + 4 tier")
@@ -69,6 +70,7 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
         finally:
             e.close()
     assert len({tuple(v) for v in texts.values()}) == 1, texts
+    assert cpu_of["fetch-split"] > cpu_of["fetch"]          # the CPU took a share of the stepped batches
 
 
 def test_the_simulator_predicts_the_engine(tiny_glm: Path, cfg_home: Path) -> None:

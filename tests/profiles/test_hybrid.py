@@ -115,10 +115,10 @@ def test_choose_policy_by_cost() -> None:
     pk4 = Picks(_uniform(600, 2, 64, 4, seed=3), [0, 1], 64)
     fast = CostModel(slab_mb=3.0, cpu_gbps=50.0, pcie_gbps=10.0, fetch_gbps=50.0, share_ms=0.001, base_ms=1.0,
                      split_ms=0.5)
-    assert choose_policy(pk4, 16, fast, fetch=True)[0] == "fetch-split"
+    assert choose_policy(pk4, 16, fast, fetch=True, share=True)[0] == "fetch-split"
     assert choose_policy(pk4, 16, fast, fetch=True, share=False)[0] == "fetch"    # share cost not measured here
-    assert choose_policy(pk4, 16, dataclasses.replace(fast, share_ms=1.0), fetch=True)[0] == "fetch"
-    assert choose_policy(pk4, 16, dataclasses.replace(fast, cpu_gbps=1.0), fetch=True)[0] == "fetch"
+    assert choose_policy(pk4, 16, dataclasses.replace(fast, share_ms=1.0), fetch=True, share=True)[0] == "fetch"
+    assert choose_policy(pk4, 16, dataclasses.replace(fast, cpu_gbps=1.0), fetch=True, share=True)[0] == "fetch"
     assert choose_policy(pk4, 16, fast)[0] not in ("fetch", "fetch-split")        # no pinned experts: never
     with pytest.raises(ValueError):
         tier_slots("hybrid", 4, 5)
