@@ -38,7 +38,7 @@ def tier_slots(policy: str, slots: int, tier: int | None = None, used: int = 0) 
     if gpu and d < used:
         raise ValueError(f"a tier of {d} slots holds fewer than one token's {used} experts, so the GPU would never "
                          f"step it: " + (f"give --tier {used} or more (of {slots})" if slots >= used else
-                                        f"fetch needs at least {used} slots per layer, not {slots}"))
+                                        f"{policy} needs at least {used} slots per layer, not {slots}"))
     return d
 
 

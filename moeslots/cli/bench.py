@@ -96,7 +96,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
     from ..engine import calibrate
     from ..engine.bench import repick, tier
     from ..engine.model import default_threads, inspect_gguf
-    from ..profiles.policy import POLICIES
+    from ..profiles.policy import GPU_STEPPED, POLICIES
 
     if a.every is None and a.policy is None:
         raise UserError("bench repick needs --every N1,N2|auto and/or --policy "
@@ -111,7 +111,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
         raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
     if a.reps < 1:
         raise UserError(f"--reps takes a count >= 1, not {a.reps}")
-    gpu = [p for p in policies if p in ("fetch", "fetch-split")]
+    gpu = [p for p in policies if p in GPU_STEPPED]
     if gpu and not (a.no_mmap or a.pack_host):
         raise UserError(f"--policy {gpu[0]}: the GPU reads missed experts from pinned host memory; add --no-mmap")
     slots = _engine_setup(a)
