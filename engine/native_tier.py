@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 
 from ..profiles.costs import CostModel
-from ..profiles.hybrid import expert_ms
+from ..profiles.hybrid import expert_ms, share_costs
 from . import native
 from .cache import ERR_INPUT, CacheError, SlotPlan
 
@@ -39,12 +39,6 @@ def _bind() -> object:
         L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
                                                      ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t]
     return L
-
-
-def share_costs(cost: CostModel) -> tuple[float, float]:
-    """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (the engine
-    splits by their ratio: profiles.hybrid.share_ratio)."""
-    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.fetch_gbps
 
 
 def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY, *,

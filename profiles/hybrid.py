@@ -105,10 +105,17 @@ def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
     return min(cands, key=lambda n: (max(n * t_up, (misses - n) * t_cpu), n))
 
 
+def share_costs(cost: CostModel) -> tuple[float, float]:
+    """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (what the
+    engine is given: engine.native_tier)."""
+    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.fetch_gbps
+
+
 def share_ratio(cost: CostModel) -> float:
-    """A GPU-stepped tier's CPU share: the cost of a miss computed on the CPU over one the GPU copies, as the engine
-    holds it (a float32: the fetch node's parameter)."""
-    return float(np.float32((cost.slab_mb / cost.cpu_gbps) / (cost.slab_mb / cost.fetch_gbps)))
+    """The cost of a miss computed on the CPU over one the GPU copies, as the engine holds it (a float32: the fetch
+    node's parameter, from share_costs)."""
+    t_cpu, t_fetch = share_costs(cost)
+    return float(np.float32(t_cpu / t_fetch))
 
 
 def share_copies(misses: int, ratio: float, room: int) -> int:

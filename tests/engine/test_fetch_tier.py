@@ -96,13 +96,11 @@ def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, table: replay.R
         t.close()
 
 
-@pytest.mark.parametrize("slots,tier", [(8, 4), (12, 8), (8, 8)])
-@pytest.mark.parametrize("batched", [False, True], ids=["one-token", "verify-batches"])
-def test_the_simulator_predicts_the_fetch_tier(tiny_glm: Path, slots: int, tier: int, batched: bool) -> None:
-    """The bundled chat trace replayed from position 8, one token at a time or in MTP-like verify batches of 1..8
-    (those over the tier read it as it stands): core hits, tier hits, uploads and bytes equal the simulator's with
-    the FETCH mechanism, and no miss is computed on the CPU in a stepped batch. (Checked: the same counts differ
-    from the ENGINE mechanism's, which splits misses with the CPU.)"""
+def _chat_replay(tiny_glm: Path, slots: int, tier: int, batched: bool, share: bool = False
+                 ) -> tuple[native_tier.TierCounts, list[int], np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+    """The bundled chat trace replayed from position 8 through a GPU-stepped tier, one token at a time or in verify
+    batches of 1..8: the engine's counts, the batch sizes, the replayed picks P [n, L, k], the plan's core and first
+    tier masks, the trunk's layer count, k and the bytes of one expert."""
     chunks = (CHUNKS * 5)[:40] if batched else [1] * 80
     with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
         f = m.facts
@@ -110,24 +108,34 @@ def test_the_simulator_predicts_the_fetch_tier(tiny_glm: Path, slots: int, tier:
         ctx.enable_stats(ring_rows=0)
         table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
         plan = SlotPlan.uniform(trunk, slots, f.n_expert, offset=5)
-        c = _replayed(m, ctx, plan, tier, table, chunks)
-        n = sum(chunks)
-        P = table.per_layer(trunk)[8:8 + n]
+        c = _replayed(m, ctx, plan, tier, table, chunks, share=share)
+        P = table.per_layer(trunk)[8:8 + sum(chunks)]
         core, first = masks(plan, tier, f.n_expert)
-        L, k = len(trunk), f.n_expert_used
-        # the rule batch by batch; every decode batch is counted, those over the tier only read it (CPU misses)
-        want = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks, lambda b: True)
-        read_only = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks,
-                                   lambda b: b * k > tier)
-        assert c.layer_tokens == n * L
-        assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
-        assert c.uploads > 10 and c.bytes == c.uploads * f.slab_bytes
-        assert c.cpu == int(read_only[3]) and (c.cpu > 0) == any(b * k > tier for b in chunks)
-        if not batched:
-            sim = simulate_hybrid(P, core, tier, COST, initial=first, mech=FETCH)
-            assert c.uploads == round(sim.sync_uploads_per_token * n) and sim.cpu_picks_per_token == 0
-            host = simulate_hybrid(P, core, tier, COST, initial=first, mech=ENGINE)
-            assert round(host.sync_uploads_per_token * n) != c.uploads
+        return c, chunks, P, core, first, len(trunk), f.n_expert_used, f.slab_bytes
+
+
+@pytest.mark.parametrize("slots,tier", [(8, 4), (12, 8), (8, 8)])
+@pytest.mark.parametrize("batched", [False, True], ids=["one-token", "verify-batches"])
+def test_the_simulator_predicts_the_fetch_tier(tiny_glm: Path, slots: int, tier: int, batched: bool) -> None:
+    """The bundled chat trace replayed from position 8, one token at a time or in MTP-like verify batches of 1..8
+    (those over the tier read it as it stands): core hits, tier hits, uploads and bytes equal the simulator's with
+    the FETCH mechanism, and no miss is computed on the CPU in a stepped batch. (Checked: the same counts differ
+    from the ENGINE mechanism's, which splits misses with the CPU.)"""
+    c, chunks, P, core, first, L, k, slab = _chat_replay(tiny_glm, slots, tier, batched)
+    n = sum(chunks)
+    # the rule batch by batch; every decode batch is counted, those over the tier only read it (CPU misses)
+    want = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks, lambda b: True)
+    read_only = stepped_counts(Tier(core, tier, COST, initial=first, mech=FETCH), P, chunks,
+                               lambda b: b * k > tier)
+    assert c.layer_tokens == n * L
+    assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
+    assert c.uploads > 10 and c.bytes == c.uploads * slab
+    assert c.cpu == int(read_only[3]) and (c.cpu > 0) == any(b * k > tier for b in chunks)
+    if not batched:
+        sim = simulate_hybrid(P, core, tier, COST, initial=first, mech=FETCH)
+        assert c.uploads == round(sim.sync_uploads_per_token * n) and sim.cpu_picks_per_token == 0
+        host = simulate_hybrid(P, core, tier, COST, initial=first, mech=ENGINE)
+        assert round(host.sync_uploads_per_token * n) != c.uploads
 
 
 @pytest.mark.parametrize("slots,tier", [(8, 4), (12, 8)])
@@ -136,26 +144,17 @@ def test_the_simulator_predicts_the_fetch_split(tiny_glm: Path, slots: int, tier
     """With a CPU share (`--policy fetch-split`) the same replay: the engine's core hits, tier hits, uploads, CPU
     misses and bytes equal the simulator's with the FETCH_SPLIT mechanism, batch by batch; stepped batches leave
     misses to the CPU (checked: the counts differ from FETCH's, which copies them all)."""
-    chunks = (CHUNKS * 5)[:40] if batched else [1] * 80
-    with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
-        f = m.facts
-        trunk = [il for il in f.moe_layers if il < f.n_layer]
-        ctx.enable_stats(ring_rows=0)
-        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
-        plan = SlotPlan.uniform(trunk, slots, f.n_expert, offset=5)
-        c = _replayed(m, ctx, plan, tier, table, chunks, share=True)
-        n = sum(chunks)
-        P = table.per_layer(trunk)[8:8 + n]
-        core, first = masks(plan, tier, f.n_expert)
-        want = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P, chunks, lambda b: True)
-        every = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH), P, chunks, lambda b: True)
-        stepped_cpu = int(want[3]) - int(stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P,
-                                                        chunks, lambda b: b * f.n_expert_used > tier)[3])
-        assert c.layer_tokens == n * len(trunk)
-        assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
-        assert c.bytes == c.uploads * f.slab_bytes and c.uploads > 10
-        assert tuple(want.tolist()) != tuple(every.tolist())
-        assert c.cpu > 0 and stepped_cpu > 0
+    c, chunks, P, core, first, L, k, slab = _chat_replay(tiny_glm, slots, tier, batched, share=True)
+    n = sum(chunks)
+    want = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P, chunks, lambda b: True)
+    every = stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH), P, chunks, lambda b: True)
+    stepped_cpu = int(want[3]) - int(stepped_counts(Tier(core, tier, SHARE, initial=first, mech=FETCH_SPLIT), P,
+                                                    chunks, lambda b: b * k > tier)[3])
+    assert c.layer_tokens == n * L
+    assert (c.core_hits, c.tier_hits, c.uploads, c.cpu) == tuple(want.tolist())
+    assert c.bytes == c.uploads * slab and c.uploads > 10
+    assert tuple(want.tolist()) != tuple(every.tolist())
+    assert c.cpu > 0 and stepped_cpu > 0
 
 
 def test_the_fetch_tier_owns_its_slots(tiny_glm: Path) -> None:
