@@ -56,6 +56,9 @@ class EngineConfig:
                                                     # pinned experts) | auto (simulated on the profile under this
                                                     # machine's costs): profiles.policy, engine.native_tier
     tier: int | None = None                         # hybrid / fetch: dynamic slots per layer (None: S/4 / S/2)
+    calibrate: str = "first-run"                    # auto's costs: "first-run" (measured by themselves the first
+                                                    # time this model shape runs here, where a GPU holds the
+                                                    # slots: engine.autocal), "always" (also without a GPU), "off"
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
@@ -172,6 +175,7 @@ class Snapshot:
     split_per_token: tuple[float, float, float] = (0.0, 0.0, 0.0)   # decode picks per token served by the core
                                           # slots, by the tier, computed on the CPU (static: tier 0)
     tier_uploads_per_token: float = 0.0   # misses uploaded into the tier per decode token (used in that token)
+    progress: str = ""                    # long work under way (the first-run calibration's step), "" when none
 
 
 class Engine(Protocol):

@@ -175,6 +175,8 @@ class AutoProfile:
         keys = (rows[:, 1:2].astype(np.int64) * f.n_expert + rows[:, 2:]).ravel()
         counts = np.bincount(keys, minlength=eng.model.n_layer_all * f.n_expert).reshape(-1, f.n_expert)
         plan = SlotPlan(plan_from_counts(counts, n, layers))
+        if eng.cfg.profile is None:
+            eng.residency.auto.prompt_routing(rows)      # what `--policy auto` scores until a profile is saved
         try:
             eng._apply_plan(plan)
         except EngineError as e:

@@ -7,15 +7,13 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   over every layer timed as a whole: a re-pick's or a tier job's throughput). Batched copies through one pinned
   staging buffer on a copy stream are the cache rewrite's (issue 18); these are the copies the cache makes today.
 - CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): decode with
-  uniform replayed routing at 0 slots and at S slots; the picks moved to the GPU are exactly known from the native
-  stats, so cpu_gbps = (CPU bytes/token at 0 - at S) / (t0 - tS) and base_ms = t0 - CPU bytes at 0 / cpu_gbps.
-  Without a GPU (hot packs in host memory) both chains run on the CPU and t0 ~ tS: the rate is then the 0-slot
-  routed bytes over the whole token time (a lower bound), and the result says so.
-- the GPU-stepped tier's upload rate (with a GPU, pinned memory; `--policy fetch`): decode with uniform replayed
-  routing and every slot a tier at S and at S/2 slots; the bytes the tier copied per token are counted by the engine,
-  so fetch_gbps = (bytes/token at S/2 - at S) / (t(S/2) - t(S)). Then the CPU share's cost per layer (`--policy
-  fetch-split`): the same S/2 decode with a CPU share whose CPU is so dear that no miss goes to it (every miss still
-  copied, the counts say so), so share_ms = (t(share) - t(S/2)) / layers: the wait and join each layer adds.
+  uniform replayed routing at S/2 and at S slots (cpu_rate); the picks left to the CPU are exactly known from the
+  native stats, so cpu_gbps = (CPU bytes/token at S/2 - at S) / (t(S/2) - t(S)) and base_ms = t(S) - CPU bytes at S
+  / cpu_gbps. Without a GPU (hot packs in host memory) both chains run on the CPU and the times hardly differ: the
+  rate is then the S/2 routed bytes over the whole token time (a lower bound), and the result says so.
+- the GPU-stepped tier's upload rate and its CPU share's cost per layer (with a GPU, pinned memory; `--policy
+  fetch` / `fetch-split`): engine.fetch_rates, differences of decodes with every slot a tier, the bytes counted by
+  the engine.
 - prompt batches (with a GPU): a 512-token prompt at S slots with the experts that are not in slots streamed to the
   GPU (llama.cpp's op-offload, batches >= 32) and computed on the CPU, from pageable and from pinned memory; the
   engine's contexts take the faster way (`prompt_path`).
@@ -40,10 +38,10 @@ from .. import configfile
 from ..profiles.costs import CostModel
 from . import cache, native, replay
 from . import stats as stats_mod
-from .cache import CacheError, SlotPlan
+from .cache import SlotPlan
 from .errors import EngineError
+from .fetch_rates import FetchCosts, decode_ms, fetch_rates
 from .model import Context, LoadOptions, Model, default_threads
-from .native_tier import NativeTier, TierCounts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +58,7 @@ class Calibration:
     threads: int = 0                   # the thread count cpu_gbps and base_ms were measured at (0: not recorded)
     cpu_threads: tuple[int, ...] = ()  # CPU expert rate by thread count: these counts...
     cpu_gbps_threads: tuple[float, ...] = ()   # ...and the rate at each
+    base_ms_threads: tuple[float, ...] = ()    # ...and the base at each (empty: base_ms at every count)
     upload_pageable_single_gbps: float = 0.0   # one slab at a time (median); the fields above: batched
     upload_pinned_single_gbps: float = 0.0
     fetch_gbps: float = 0.0            # the GPU reading pinned host memory itself (a GPU-stepped tier); 0: not measured
@@ -72,6 +71,14 @@ class Calibration:
     prompt_cpu_tok_s: float = 0.0
     prompt_stream_pinned_tok_s: float = 0.0
     prompt_cpu_pinned_tok_s: float = 0.0
+    fetch_base_ms: float = 0.0         # a GPU-stepped tier's token apart from its copies (0: not measured)
+    share_cpu_gbps: float = 0.0        # the CPU's rate on a fetch-split share beside the GPU's reads (0: not measured)
+    kind: str = "full"                 # "full" (doctor --calibrate) or "first-run" (engine.autocal, one thread count,
+                                       # one load mode, this model's shape)
+    shape: str = ""                    # the model shape it was measured on (first-run: part of its key)
+    memory: str = ""                   # first-run: where the experts lived, "pinned" or "pageable" (part of its key)
+    seconds: float = 0.0               # how long the measurement took
+    raw: tuple[str, ...] = ()          # what was measured, one line each: a wrong pick can be explained from them
 
     def prompt_offload(self, *, pinned: bool) -> bool | None:
         """Whether prompt batches should stream the experts that are not in slots to the GPU (True) or compute them
@@ -87,10 +94,20 @@ class Calibration:
         threads: the CPU rate measured at that thread count, when it was."""
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         pcie = pcie or CostModel.h200(pinned=pinned).pcie_gbps
-        cpu = dict(zip(self.cpu_threads, self.cpu_gbps_threads)).get(threads or 0, 0.0) or self.cpu_gbps
-        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=cpu, pcie_gbps=pcie, base_ms=self.base_ms,
-                         fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
-                         share_ms=self.share_ms or CostModel.share_ms)
+        return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_at(threads), pcie_gbps=pcie,
+                         base_ms=self.base_at(threads), fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
+                         share_ms=self.share_ms or CostModel.share_ms, fetch_base_ms=self.fetch_base_ms,
+                         share_cpu_gbps=self.share_cpu_gbps)
+
+    def cpu_at(self, threads: int | None) -> float:
+        """The CPU expert rate at `threads`: as measured there, else linear between the nearest thread counts
+        measured below and above it (the rate grows about linearly with cores until memory bandwidth caps it),
+        else the nearest one's; the calibration's own rate without a thread count."""
+        return _at(threads, self.cpu_threads, self.cpu_gbps_threads, self.cpu_gbps)
+
+    def base_at(self, threads: int | None) -> float:
+        """The per-token base at `threads`, as cpu_at (base_ms where not measured by thread count)."""
+        return _at(threads, self.cpu_threads, self.base_ms_threads, self.base_ms)
 
     def render(self) -> str:
         up = [f"{v:.1f} GB/s {what}" for v, what in (
@@ -107,7 +124,24 @@ class Calibration:
                    f"pageable, {self.prompt_stream_pinned_tok_s:.0f}/{self.prompt_cpu_pinned_tok_s:.0f} pinned"
                    if self.prompt_stream_tok_s else "")
                 + (f"; CPU share {1000 * self.share_ms:.0f} us/layer (--policy fetch-split)" if self.share_ms else "")
+                + (f", its CPU at {self.share_cpu_gbps:.1f} GB/s" if self.share_cpu_gbps else "")
+                + (f"; GPU-stepped token {self.fetch_base_ms:.2f} ms apart from its copies" if self.fetch_base_ms
+                   else "")
                 + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
+
+
+def _at(threads: int | None, counts: tuple[int, ...], values: tuple[float, ...], default: float) -> float:
+    """A value measured at some thread counts, at `threads`: exact, else linear between the nearest counts measured
+    below and above it, else the nearest one's; `default` without a thread count or values."""
+    by = sorted((t, g) for t, g in zip(counts, values) if g > 0)
+    if not threads or not by or len(values) != len(counts):
+        return default
+    lo = [(t, g) for t, g in by if t <= threads]
+    hi = [(t, g) for t, g in by if t >= threads]
+    if lo and hi:
+        (t0, g0), (t1, g1) = lo[-1], hi[0]
+        return g0 if t1 == t0 else g0 + (g1 - g0) * (threads - t0) / (t1 - t0)
+    return (lo[-1] if lo else hi[0])[1]
 
 
 def machine_id() -> str:
@@ -115,38 +149,66 @@ def machine_id() -> str:
     return f"{platform.node() or 'host'} / {g[0].description if g else 'no GPU'}"
 
 
+def entry_key(machine: str, shape: str = "", threads: int = 0, memory: str = "") -> str:
+    """config.toml's key of a calibration: the machine's for a full one (doctor --calibrate), the machine's with
+    the model shape, thread count and expert memory (pinned / pageable) for a first-run one (engine.autocal)."""
+    return machine if not shape else f"{machine} | {shape} | {threads} threads | {memory or 'pageable'}"
+
+
+def key_of(c: Calibration) -> str:
+    return entry_key(c.machine, c.shape, c.threads, c.memory) if c.kind == "first-run" else c.machine
+
+
 def save(c: Calibration, path: Path | None = None) -> Path:
     """Merge into config.toml (atomically), keeping every other table."""
     p = path or configfile.path()
     cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
-    cfg.setdefault("calibration", {})[c.machine] = dataclasses.asdict(c)
+    cfg.setdefault("calibration", {})[key_of(c)] = dataclasses.asdict(c)
     return configfile.write_atomic(cfg, p)
 
 
-def load(machine: str | None = None, path: Path | None = None) -> Calibration | None:
-    """This machine's calibration, or None (not calibrated, or an unreadable entry)."""
+def load(machine: str | None = None, path: Path | None = None, *, shape: str = "", threads: int = 0,
+         pinned: bool = False) -> Calibration | None:
+    """This machine's calibration, or None (not calibrated, or an unreadable entry). With a model shape: the
+    first-run calibration of that shape at `threads` with the experts pinned or pageable when there is one, else
+    the machine's full one."""
     p = path or configfile.path()
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
-        d = cfg.get("calibration", {}).get(machine or machine_id())
-        if not isinstance(d, dict):
-            return None
-        c = Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        ok = all(isinstance(getattr(c, f.name), (int, float)) for f in dataclasses.fields(c)
-                 if f.type in ("float", "int"))
-        return c if ok else None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
+    table = cfg.get("calibration", {})
+    if not isinstance(table, dict):
+        return None
+    machine = machine or machine_id()
+    keys = ([entry_key(machine, shape, threads, "pinned" if pinned else "pageable")] if shape else []) + [machine]
+    for k in keys:
+        c = _entry(table.get(k))
+        if c is not None:
+            return c
+    return None
 
 
-def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None) -> tuple[CostModel, str]:
+def _entry(d: object) -> Calibration | None:
+    if not isinstance(d, dict):
+        return None
+    try:
+        c = Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    except TypeError:
+        return None
+    ok = all(isinstance(getattr(c, f.name), (int, float)) for f in dataclasses.fields(c) if f.type in ("float", "int"))
+    return c if ok else None
+
+
+def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None,
+              shape: str = "") -> tuple[CostModel, str]:
     """The costs every estimate uses (`--repick auto`, `--policy auto`, the slots line, `bench repick`'s simulator
-    column): this machine's calibration for a model of `slab_bytes` per expert (the CPU rate at `threads` when
-    measured), or the H200 box's (profiles.costs), and a line saying which. pinned: the experts live in pinned host
-    memory (loaded without mmap), else pageable."""
+    column): this machine's calibration for a model of `slab_bytes` per expert (the CPU rate at `threads`; the
+    first-run calibration of this model `shape` when there is one), or the H200 box's (profiles.costs), and a line
+    saying which. pinned: the experts live in pinned host memory (loaded without mmap), else pageable."""
     slab_mb = slab_bytes / 1e6 or CostModel.slab_mb
     kind = "pinned" if pinned else "pageable (mmap)"
-    cal = load()
+    cal = load(shape=shape, threads=threads or 0, pinned=pinned)
     if cal is None:
         cost = CostModel.h200(slab_mb, pinned=pinned)
         return cost, (f"default costs (H200 box, {kind} uploads at {cost.pcie_gbps} GB/s): "
@@ -154,13 +216,14 @@ def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None) -> t
     cost = cal.cost_model(slab_mb, pinned=pinned, threads=threads)
     up = (f"{kind} uploads at {cost.pcie_gbps:.1f} GB/s" + (" (the H200 box's: not measurable here)"
                                                              if cal.unmeasured else ""))
-    return cost, f"costs calibrated on this machine {cal.date}, {up}"
+    how = f"first-run calibration, {cal.threads} threads" if cal.kind == "first-run" else "costs calibrated"
+    return cost, f"{how} on this machine {cal.date}, {up}"
 
 
-def share_measured() -> bool:
+def share_measured(*, shape: str = "", threads: int = 0, pinned: bool = True) -> bool:
     """Whether this machine's calibration measured the cost of a GPU-stepped tier's CPU share (`--policy fetch-split`):
     `--policy auto` considers fetch-split only then (the measurement has also run it on this machine)."""
-    cal = load()
+    cal = load(shape=shape, threads=threads, pinned=pinned)
     return cal is not None and cal.share_ms > 0
 
 
@@ -204,7 +267,7 @@ def _prompt_rates(m: Model, moe: list[int], S: int, threads: int, log: Callable[
     return out[0], out[1]
 
 
-def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> tuple[float, float]:
+def upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, rounds: int) -> tuple[float, float]:
     """Swaps of slot 0 cycling through non-resident experts: (batched: `rounds` swaps per layer timed as a whole,
     single: the median of swaps timed one by one), GB/s."""
     m.set_slots(SlotPlan({il: (0,) for il in moe}), pack_host=pack_host)
@@ -225,66 +288,6 @@ def _upload_gbps(m: Model, moe: list[int], n_expert: int, pack_host: bool, round
     return (nbytes / dt / 1e9 if dt > 0 else 0.0), (float(np.median(one)) / 1e9 if one else 0.0)
 
 
-def _decode_ms(ctx: Context, toks: list[int]) -> float:
-    """The median ms of one-token decodes of toks, one after the other."""
-    per = []
-    for t in toks:
-        t1 = time.perf_counter()
-        ctx.decode([t])
-        per.append(time.perf_counter() - t1)
-    return float(np.median(per)) * 1e3
-
-
-def _fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pack_host: bool,
-                 log: Callable[[str], None]) -> tuple[float, float]:
-    """The GPU-stepped tier's uploads (GB/s) and its CPU share's cost per layer (ms), 0 where not measurable: decode
-    at S and S/2 slots per layer, every slot a tier, under uniform replayed routing (the difference in bytes copied
-    per token over the difference in time); then S/2 again with a CPU share that leaves the CPU nothing (a CPU cost
-    a million times a copy's), whose extra time per token over the layers is the share's own cost."""
-    f = m.facts
-    sizes = sorted({s for s in (S, S // 2) if f.n_expert_used <= s < f.n_expert}, reverse=True)
-    if len(sizes) < 2:
-        return 0.0, 0.0
-    toks = [int(t) for t in np.random.default_rng(3).integers(0, m.n_vocab - 16, n_tokens + 9)]
-    dear_cpu = dataclasses.replace(CostModel(), cpu_gbps=CostModel.fetch_gbps * 1e-6)
-    res = []
-    with Context(m, n_ctx=n_tokens + 64, threads=threads) as ctx:
-        replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
-        for s, share in [(sizes[0], False), (sizes[1], False), (sizes[1], True)]:
-            plan = SlotPlan({il: tuple(range(s)) for il in moe})
-            m.set_slots(plan, pack_host=pack_host)
-            ctx.reset()
-            ctx.decode(toks[:8], prompt=True)
-            try:
-                tier = NativeTier(m.ptr, plan, s, dear_cpu, device=True, share=share)
-            except CacheError as e:                         # this device cannot step it: not measured
-                log(f"GPU-stepped tier: {e}")
-                m.set_slots(SlotPlan({}), pack_host=pack_host)
-                return (0.0, 0.0) if not share else (_rate(res), 0.0)
-            try:
-                ctx.decode([toks[8]])                       # graphs for this configuration
-                tier.step(force=True)
-                tier.counts = TierCounts()
-                ms = _decode_ms(ctx, toks[9:])
-                tier.step(0, force=True)
-                res.append((ms, tier.counts.bytes / len(toks[9:]) / 1e6, tier.counts.cpu))
-            finally:
-                tier.close()
-            log(f"GPU-stepped tier{' with a CPU share' if share else ''}, {s} slots: {res[-1][0]:.2f} ms/token, "
-                f"{res[-1][1]:.1f} MB copied/token")
-        replay.set_replay(ctx.ptr, None)
-    m.set_slots(SlotPlan({}), pack_host=pack_host)
-    (tb, mb, _), (tc, mc, cpu) = res[1], res[2]
-    # the share's run must have copied what the plain run copied and left nothing to the CPU
-    share = (tc - tb) / len(moe) if tc > tb and cpu == 0 and abs(mc - mb) <= 1e-9 + 1e-6 * mb else 0.0
-    return _rate(res), share
-
-
-def _rate(res: list[tuple[float, float, int]]) -> float:
-    (ta, ma, _), (tb, mb, _) = res[0], res[1]            # more slots first: fewer bytes, less time
-    return (mb - ma) / (tb - ta) if tb > ta and mb > ma else 0.0     # MB/ms = GB/s
-
-
 def thread_counts(top: int) -> list[int]:
     """1, 2, 4, ... below `top`, then `top`."""
     out, t = [], 1
@@ -294,39 +297,49 @@ def thread_counts(top: int) -> list[int]:
     return out + [top]
 
 
-def _cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack_host: bool,
-              log: Callable[[str], None]) -> tuple[float, float, str]:
-    """(CPU expert GB/s, base ms/token, method) at `threads`, from 0 vs S slots under uniform replayed routing."""
+def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack_host: bool,
+             log: Callable[[str], None], ctx: Context | None = None,
+             order: tuple[str, ...] = ("lo", "hi", "lo", "hi")) -> tuple[float, float, str]:
+    """(CPU expert GB/s, base ms/token, method) at `threads`, from static decodes at S/2 ("lo") and S ("hi") slots
+    under uniform replayed routing, in `order` (the last of each counts: the warm one). Both have slots in every
+    layer, so both pay the host chain's round trip per layer and their difference is the CPU's work alone (0 slots
+    against S would credit the CPU with the round trips that S adds: a rate too high by half on the H100 box).
+    ctx: a context of this model to decode in (at least n_tokens + 9 positions; default: one of its own). Without a
+    GPU (packs in host memory) both chains run on the CPU: the rate is the S/2 routed bytes over the token time, a
+    lower bound."""
     f = m.facts
     f_slab = f.slab_bytes / 1e6
-    ctx = Context(m, n_ctx=n_tokens + 64, threads=threads)
+    lo = max(1, S // 2)
+    own = ctx is None
+    ctx = Context(m, n_ctx=n_tokens + 64, threads=threads) if ctx is None else ctx
     try:
         ctx.enable_stats(ring_rows=0)
         replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1))
         rng = np.random.default_rng(0)
         toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
         res: dict[int, tuple[float, float]] = {}
-        for s in (0, S, 0, S):                        # twice each, interleaved: keep the second (warm) pass
-            m.set_slots(SlotPlan({il: tuple(range(s)) for il in moe} if s else {}), pack_host=pack_host)
+        for s in (S if o == "hi" else lo for o in order):
+            m.set_slots(SlotPlan({il: tuple(range(s)) for il in moe}), pack_host=pack_host)
             ctx.reset()
             ctx.decode(toks[:8], prompt=True)
             ctx.decode([toks[8]])                     # graphs for this configuration
             stats_mod.reset(ctx.ptr)
-            ms = _decode_ms(ctx, toks[9:])
+            ms = decode_ms(ctx, toks[9:])
             st = ctx.read_stats()
             misses = float(st.misses.sum()) / len(toks[9:])
             res[s] = (ms, misses)
             log(f"{threads} threads, {s} slots: {res[s][0]:.2f} ms/token, {misses:.1f} CPU picks/token")
-        m.set_slots(SlotPlan({}), pack_host=pack_host)
     finally:
-        ctx.close()
-    (t0, c0), (ts, cs) = res[0], res[S]
-    cpu_mb_0 = c0 * f_slab
+        m.set_slots(SlotPlan({}), pack_host=pack_host)
+        replay.set_replay(ctx.ptr, None)
+        if own:
+            ctx.close()
+    (t0, c0), (ts, cs) = res[lo], res[S]
     if not pack_host and t0 - ts > 0.05 * t0 and c0 > cs:
         cpu_gbps = (c0 - cs) * f_slab / (t0 - ts)            # MB/ms = GB/s
-        return cpu_gbps, max(0.0, t0 - cpu_mb_0 / cpu_gbps), "split"
-    return (cpu_mb_0 / t0 if t0 > 0 else 0.0), 0.0, ("cpu-only lower bound" if pack_host
-                                                      else "lower bound (no measurable gain from slots)")
+        return cpu_gbps, max(0.0, ts - cs * f_slab / cpu_gbps), "split"
+    return (c0 * f_slab / t0 if t0 > 0 else 0.0), 0.0, ("cpu-only lower bound" if pack_host
+                                                         else "lower bound (no measurable gain from slots)")
 
 
 def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slots: int | None = None,
@@ -340,18 +353,20 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
             raise EngineError(f"{model_path} has no MoE layers to calibrate with")
         f_slab = f.slab_bytes / 1e6
         log("host-to-host pack copies (no GPU: not PCIe)" if pack_host else "uploads from pageable memory (mmap)")
-        pageable, pageable_1 = _upload_gbps(m, moe, f.n_expert, pack_host, rounds=4)
+        pageable, pageable_1 = upload_gbps(m, moe, f.n_expert, pack_host, rounds=4)
         S = slots if slots is not None else f.n_expert // 2
-        by = {t: _cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
+        by = {t: cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
         pp = (0.0, 0.0) if pack_host else _prompt_rates(m, moe, S, top, log)
     cpu_gbps, base, method = by[top]
-    pinned = pinned_1 = fetch = share = 0.0
+    pinned = pinned_1 = 0.0
+    fc = FetchCosts()
     pp_pinned = (0.0, 0.0)
     if not pack_host:
         log("uploads from pinned memory (model loaded without mmap)")
         with Model(model_path, LoadOptions(experts_on_host=True, use_mmap=False)) as m2:
-            pinned, pinned_1 = _upload_gbps(m2, moe, f.n_expert, False, rounds=4)
-            fetch, share = _fetch_rates(m2, moe, S, top, n_tokens, False, log)
+            pinned, pinned_1 = upload_gbps(m2, moe, f.n_expert, False, rounds=4)
+            cost = CostModel(slab_mb=f_slab, cpu_gbps=cpu_gbps, base_ms=base)
+            fc = fetch_rates(m2, moe, S, top, n_tokens, False, log, cost)
             pp_pinned = _prompt_rates(m2, moe, S, top, log)
     host = 0.0
     unmeasured = ""
@@ -365,7 +380,9 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        slab_mb=f_slab, upload_pageable_gbps=pageable, upload_pinned_gbps=pinned,
                        cpu_gbps=cpu_gbps, base_ms=base, method=method, threads=top,
                        cpu_threads=tuple(by), cpu_gbps_threads=tuple(round(v[0], 3) for v in by.values()),
-                       upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1, fetch_gbps=fetch,
-                       share_ms=share,
+                       base_ms_threads=tuple(round(v[1], 4) for v in by.values()),
+                       upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
+                       fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
+                       share_cpu_gbps=fc.share_cpu_gbps, raw=fc.raw,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

@@ -15,12 +15,12 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from ..profiles.trace import write_csv
-from . import autoprofile, calibrate, discovery, hardware
+from ..profiles.trace import Trace, write_csv
+from . import autocal, autoprofile, calibrate, discovery, hardware
 from . import cache as cache_mod
 from . import model as model_mod
 from . import native, recurrent
@@ -34,7 +34,7 @@ from .model import Context, Detokenizer, LoadOptions, Model, default_threads
 from . import mtp as mtp_mod
 from .mtp import MTP, sample
 from .mtp_auto import AdaptiveMTP
-from .record import Recorder, whatif_line
+from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
 from .slots import plan_from_profile
 from .stats import RoutingStats
@@ -42,7 +42,6 @@ from .template import generation_start, render_chat
 
 if TYPE_CHECKING:
     from ..profiles.costs import CostModel
-    from ..profiles.trace import Trace
 
 __all__ = ["Done", "Engine", "EngineConfig", "LayerSnapshot", "Message", "Sampling", "Snapshot", "TextDelta",
            "TurnStats"]
@@ -51,9 +50,12 @@ __all__ = ["Done", "Engine", "EngineConfig", "LayerSnapshot", "Message", "Sampli
 class Engine:
     """The engine of design §4 (engine.api.Engine): one model, one chat context, native routing stats on."""
 
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, progress: Callable[[str], None] | None = None):
+        """progress: each step of long work at load (the first-run calibration; None once the app has the screen)."""
         native.require_patched()
         self.cfg = cfg
+        self.progress_cb, self._progress = progress, ""
+        self._clock: Callable[[], float] = time.perf_counter   # the replies' timing (auto's check reads it)
         cache_mod.set_async(cfg.async_cpu)
         self._lock = threading.RLock()
         self._busy = threading.Lock()
@@ -152,8 +154,16 @@ class Engine:
 
     def cost_model(self) -> "tuple[CostModel, str]":
         """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
-        return calibrate.costs_for(self.model.facts.slab_bytes, pinned=not self.model.opts.use_mmap,
+        f = self.model.facts
+        return calibrate.costs_for(f.slab_bytes, pinned=not self.model.opts.use_mmap, shape=autocal.shape_of(f),
                                    threads=self.cfg.threads or default_threads())
+
+    def say_progress(self, line: str) -> None:
+        """A step of long work (the first-run calibration): the snapshot's progress line ("" when done)."""
+        with self._lock:
+            self._progress = line
+        if self.progress_cb is not None and line:
+            self.progress_cb(line)
 
     def explain_slots(self) -> str:
         """One line on the slot count in use: what fits, and what the active profile predicts for it."""
@@ -214,6 +224,7 @@ class Engine:
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
         m, ctx = self.model, self.ctx
+        self.residency.before_reply()                      # (auto's check: the runner-up, or back, from here)
         toks = m.tokenize(self.render_prompt(messages), add_special=True, parse_special=True)
         if len(toks) + 1 >= ctx.n_ctx:
             raise EngineError(f"the conversation ({len(toks)} tokens) does not fit the context ({ctx.n_ctx}): "
@@ -230,7 +241,7 @@ class Engine:
         with self._lock:
             self._reread = reread
         st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
-        t0 = time.perf_counter()
+        t0 = self._clock()
         q = generation_start(m, messages, toks) if m.recurrent else len(toks)
         self._ckpts = recurrent.prefill(ctx, toks, p, q)   # a recurrent model's next turn resumes from these
         self._tokens = list(toks)
@@ -238,7 +249,7 @@ class Engine:
             self.mtp.feed(self._tokens, ctx.n_past)    # the draft's prompt rows count as prompt work
         if self._auto is not None:
             self._auto.after_prefill(self)             # no profile yet: this prompt's routing plans the slots
-        t1 = time.perf_counter()
+        t1 = self._clock()
         st0 = ctx.read_stats()
         b0 = stats_mod.weight_copy_bytes()
         det = Detokenizer(m)
@@ -277,7 +288,7 @@ class Engine:
         if rest:
             text.append(rest)
             yield TextDelta(rest)
-        t2 = time.perf_counter()
+        t2 = self._clock()
         st1 = ctx.read_stats()
         if st_before is not None:
             with self._lock:
@@ -287,7 +298,7 @@ class Engine:
             self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
             self._update_whatif(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
-            self.residency.redecide(st1, self._decode_tokens + n)
+            self.residency.after_reply(st1, self._decode_tokens + n, n, t2 - t1)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
         with self._lock:
@@ -311,8 +322,6 @@ class Engine:
             self._tokens = []
             self._ckpts = []
 
-    # -- recording (engine.record) ------------------------------------------------------------------------------
-
     def start_recording(self) -> None:
         with self._lock:
             self._rec = Recorder()
@@ -323,27 +332,20 @@ class Engine:
 
     @property
     def recorded_tokens(self) -> int:
-        rec = self._rec
-        return rec.tokens if rec is not None else 0
+        return rec.tokens if (rec := self._rec) is not None else 0
 
-    def stop_recording(self, path: Path) -> "Trace":
+    def stop_recording(self, path: Path) -> Trace:
         """Write what was recorded (atomically) and stop; returns the trace."""
         with self._lock:
-            if self._rec is not None and not self._rec.tokens:   # never replace a profile with an empty one
-                raise EngineError(f"nothing recorded yet (no decode token since recording began): {path} not "
-                                  "written; still recording")
-            rec, self._rec = self._rec, None
-        if rec is None:
-            raise EngineError("not recording")
+            rec = stop_recorder(self._rec, path)        # (an empty recording is refused and goes on)
+            self._rec = None
         t = rec.trace(self.routing_meta(rec.tokens), self.model.facts.n_expert_used)
         write_csv(t, Path(path))
         return t
 
     def routing_meta(self, tokens: int) -> dict[str, str]:
         """The `# key=value` facts a recorded profile carries (a profile of another model is refused by them)."""
-        f = self.model.facts
-        return {"arch": f.arch, "n_layer": str(self.model.n_layer_all), "n_expert": str(f.n_expert),
-                "k": str(f.n_expert_used), "model": Path(f.path).name.replace(" ", "_"), "tokens": str(tokens)}
+        return routing_meta(self.model.facts, self.model.n_layer_all, tokens)
 
     def _update_whatif(self, st: RoutingStats, plan: SlotPlan, n_dec: int) -> None:
         """The what-if line (engine.record.whatif_line), computed by the generating thread after each reply;
@@ -379,30 +381,28 @@ class Engine:
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
                 generating=self._generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
-                reread=self._reread, n_expert=f.n_expert, **fields)
+                reread=self._reread, n_expert=f.n_expert, progress=self._progress, **fields)
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a
         worker thread never decodes on a freed model (the app quits this way)."""
-        busy = getattr(self, "_busy", None)
-        got = busy.acquire(timeout=timeout) if busy is not None else False
-        try:
-            self._close()
-        finally:
-            if got:
-                busy.release()
+        self._close_after(timeout, leave=False)
 
     def close_at_exit(self) -> None:
         """The interpreter is exiting (engine.model's atexit hook): close unless a reply is still being generated
         on another thread; then leave the native objects to the OS rather than free them under that thread."""
+        self._close_after(2.0, leave=True)
+
+    def _close_after(self, timeout: float, *, leave: bool) -> None:
         busy = getattr(self, "_busy", None)
-        if busy is not None and not busy.acquire(timeout=2.0):
+        got = busy.acquire(timeout=timeout) if busy is not None else False
+        if leave and busy is not None and not got:
             model_mod.untrack(getattr(self, "mtp", None), getattr(self, "ctx", None), getattr(self, "model", None))
             return
         try:
             self._close()
         finally:
-            if busy is not None:
+            if got:
                 busy.release()
 
     def _close(self) -> None:

@@ -18,7 +18,7 @@ from . import stats as stats_mod
 from .api import Message
 from .cache import SlotPlan
 from .errors import EngineError
-from .model import Context, LoadOptions, Model
+from .model import Context, LoadOptions, Model, ModelFacts
 from .mtp import sample
 from .stats import RoutingStats
 from .template import render_chat
@@ -41,6 +41,23 @@ class Recorder:
     def trace(self, meta: dict[str, str], k: int) -> Trace:
         rows = np.concatenate(self.rows) if self.rows else np.zeros((0, 2 + k), np.int32)
         return from_ring(rows, meta)
+
+
+def stop_recorder(rec: "Recorder | None", path: Path) -> "Recorder":
+    """The recorder to write at `path` when recording stops: refused while it holds no decode token (a profile is
+    never replaced with an empty one; recording goes on) or when not recording."""
+    if rec is None:
+        raise EngineError("not recording")
+    if not rec.tokens:
+        raise EngineError(f"nothing recorded yet (no decode token since recording began): {path} not written; "
+                          "still recording")
+    return rec
+
+
+def routing_meta(f: ModelFacts, n_layer_all: int, tokens: int) -> dict[str, str]:
+    """The `# key=value` facts a recorded profile carries (a profile of another model is refused by them)."""
+    return {"arch": f.arch, "n_layer": str(n_layer_all), "n_expert": str(f.n_expert), "k": str(f.n_expert_used),
+            "model": Path(f.path).name.replace(" ", "_"), "tokens": str(tokens)}
 
 
 def whatif_line(st: RoutingStats, plan: SlotPlan, n_expert: int, measured: bool = True) -> str | None:

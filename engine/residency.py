@@ -23,10 +23,10 @@ from ..profiles import repick as chooser
 from ..profiles.costs import CostModel
 from ..profiles.trace import TraceError, from_ring, read_csv
 from . import cache as cache_mod
-from . import calibrate
 from . import stats as stats_mod
 from .cache import SlotPlan
 from .errors import EngineError
+from .autopolicy import AutoPolicy
 from .native_tier import NativeTier
 from .stats import RoutingStats
 
@@ -53,6 +53,7 @@ class Residency:
         self.device = False                               # --policy fetch|fetch-split: the tier is stepped on the GPU
         self.share = False                                # --policy fetch-split: the CPU computes a share of its misses
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
+        self.auto = AutoPolicy(eng)                       # --policy auto: its decisions and their check
 
     def _overlapped_repicks(self) -> bool:
         cfg = self.eng.cfg
@@ -77,7 +78,7 @@ class Residency:
                               "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another "
                               "policy")
         if cfg.policy == "auto":
-            pol, self.tier_d, why = self._auto_policy(S)
+            pol, self.tier_d, why = self.auto.decide(S)
             self.policy_line = f"auto: {why}"
         else:
             try:
@@ -87,21 +88,10 @@ class Residency:
             gpu = cfg.policy in policy_mod.GPU_STEPPED and self.tier_d
             pol = cfg.policy if gpu else policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
+            if self.tier_d and pol in policy_mod.SPLIT_BY_COST:     # the misses' split follows these costs
+                self.policy_line += f" [{self.eng.cost_model()[1]}]"
         self.device, self.share = pol in policy_mod.GPU_STEPPED, pol == "fetch-split"
         return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
-
-    def _auto_policy(self, slots: int) -> tuple[str, int, str]:
-        eng = self.eng
-        if eng.cfg.profile is None or slots <= 0:
-            return "static", 0, "static (no profile to simulate)" if slots else "static (no slots)"
-        cost, source = eng.cost_model()
-        try:
-            pol, d, why = policy_mod.choose_policy(read_csv(Path(eng.cfg.profile)), slots, cost,
-                                                   fetch=not (eng.cfg.pack_host or eng.model.opts.use_mmap),
-                                                   share=calibrate.share_measured())
-        except (TraceError, ValueError) as e:
-            return "static", 0, f"static ({e})"
-        return pol, d, f"{why} [{source}]"
 
     def plan_applied(self, plan: SlotPlan, spare: bool) -> None:
         """A new plan is in (Engine._apply_plan, under the engine's lock): live auto scores from it on; the tier
@@ -216,6 +206,21 @@ class Residency:
             self.auto_mark = (eng._decode_tokens, eng._plan) if live else None
         return line + (f"; decided again every {eng.cfg.repick_auto_every} tokens from this chat's own routing"
                        if live else "")
+
+    def before_reply(self) -> None:
+        """Before a reply (the engine held): a switch `auto`'s check asked for goes in now, the same plan under the
+        runner-up (or back to the first choice), and is said."""
+        if self.auto.take_pending():
+            self.eng._apply_plan(self.eng._plan)
+            self.eng.notices.append(f"residency: {self.policy_line}")
+
+    def after_reply(self, st: RoutingStats, n_dec: int, n: int, seconds: float) -> None:
+        """A reply decoded n tokens in `seconds` (n_dec in all): live `--repick auto` decides again; `auto`'s check
+        weighs the speed (its verdict said once)."""
+        self.redecide(st, n_dec)
+        verdict = self.auto.timed(n, seconds)
+        if verdict:
+            self.eng.notices.append(verdict)
 
     def redecide(self, st: RoutingStats, n_dec: int) -> None:
         """Live `--repick auto` (cfg.repick_auto_every > 0), after a reply: once that many decode tokens have passed

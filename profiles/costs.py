@@ -15,6 +15,14 @@ minus the simulated ms/token of the uniform rows, docs/lab/2026-12-04-h200-fetch
 (`--policy fetch-split`) each layer adds share_ms: the CPU's wait for the inputs the GPU publishes and the join after
 the two halves (an estimate until the GPU measures it; `doctor --calibrate` does, as the difference between a
 fetch-split decode that leaves nothing to the CPU and a fetch decode).
+
+Two costs of the GPU-stepped tier are best measured rather than derived, and a calibration that measured them
+(engine.fetch_rates, run by itself on first use: engine.autocal) sets them: fetch_base_ms, the token's cost with
+the tier stepped on the GPU apart from its copies (the intercept of two decodes with different copies per token;
+derived as base less the round trips plus fetch_layer_ms a layer only when not measured: that derivation ran
+30-45 % slow on the H100 box), and share_cpu_gbps, the rate the CPU computes a fetch-split share at while the GPU
+reads host memory beside it (a share of one to three experts a layer is slower than a whole layer's misses, and
+both sides read the same DRAM). The engine splits a fetch-split tier's misses by the same two rates.
 """
 
 from __future__ import annotations
@@ -35,11 +43,24 @@ class CostModel:
     fetch_gbps: float = 50.0        # a GPU-stepped tier's uploads: the GPU reading pinned host memory itself
     fetch_layer_ms: float = 0.015   # per layer and step: what a GPU-stepped tier costs beyond its copies
     share_ms: float = 0.040         # per layer and step, a GPU-stepped tier with a CPU share: its wait and join
+    fetch_base_ms: float = 0.0      # per token, a GPU-stepped tier apart from its copies (0: not measured, derived)
+    share_cpu_gbps: float = 0.0     # the CPU's rate on a fetch-split share (0: not measured, cpu_gbps)
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
         mb = self.slab_mb
         return (self.base_ms + gpu_picks * mb / self.gpu_gbps + cpu_picks * mb / self.cpu_gbps
                 + uploads * mb / self.pcie_gbps)
+
+    def fetch_step_ms(self, layers: int, n_tokens: int = 1) -> float:
+        """A GPU-stepped tier's step of n_tokens over `layers` layers apart from its copies and CPU share."""
+        if self.fetch_base_ms > 0:
+            return n_tokens * self.fetch_base_ms
+        return n_tokens * max(0.0, self.base_ms - layers * self.split_ms) + layers * self.fetch_layer_ms
+
+    @property
+    def share_cpu(self) -> float:
+        """GB/s of the CPU on a fetch-split share."""
+        return self.share_cpu_gbps or self.cpu_gbps
 
     @classmethod
     def h200(cls, slab_mb: float | None = None, *, pinned: bool = True) -> "CostModel":

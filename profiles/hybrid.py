@@ -108,7 +108,7 @@ def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
 def share_costs(cost: CostModel) -> tuple[float, float]:
     """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (what the
     engine is given: engine.native_tier)."""
-    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.fetch_gbps
+    return cost.slab_mb / cost.share_cpu, cost.slab_mb / cost.fetch_gbps
 
 
 def share_ratio(cost: CostModel) -> float:
@@ -147,7 +147,7 @@ class Tier:
         self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
         self.t_cpu, self.t_up = expert_ms(cost)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
-        self.t_fetch = cost.slab_mb / cost.fetch_gbps
+        self.t_share, self.t_fetch = share_costs(cost)
         self.ratio = share_ratio(cost)
         self._rows = np.arange(self.L)
 
@@ -255,10 +255,10 @@ class Tier:
         rate."""
         cost = self.cost
         if self.mech.device and not split:
-            copies = (np.maximum(up * self.t_fetch, c * self.t_cpu) + cost.share_ms if self.mech.cpu_share
+            copies = (np.maximum(up * self.t_fetch, c * self.t_share) + cost.share_ms if self.mech.cpu_share
                       else up * self.t_fetch)
-            return (n_tokens * max(0.0, cost.base_ms - self.L * cost.split_ms) + self.L * cost.fetch_layer_ms
-                    + gpu_picks * self.t_gpu + float(np.sum(copies)) + float(up.sum()) * self.t_gpu)
+            return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu + float(np.sum(copies))
+                    + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 

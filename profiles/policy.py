@@ -6,6 +6,7 @@ its copies), and `auto`'s choice among them, simulated with the engine's mechani
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from .costs import CostModel
@@ -16,6 +17,9 @@ from .trace import Trace
 
 POLICIES = ("static", "hybrid", "dynamic", "fetch", "fetch-split", "auto")
 GPU_STEPPED = ("fetch", "fetch-split")     # the tier stepped on the GPU: experts in pinned memory, slots on a GPU
+TIERED = ("hybrid", "dynamic") + GPU_STEPPED          # a dynamic tier beside the static core
+TIER_SIZED = ("hybrid",) + GPU_STEPPED                # --tier D sizes it (dynamic: every slot)
+SPLIT_BY_COST = ("hybrid", "dynamic", "fetch-split")  # misses split between the CPU and copies by this machine's costs
 MAX_SCORED = 512          # tokens `auto` scores (the last ones of the profile): a load-time decision, kept short
 
 
@@ -46,10 +50,44 @@ def name(slots: int, tier: int) -> str:
     return "static" if tier == 0 or slots == 0 else "dynamic" if tier == slots else "hybrid"
 
 
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    policy: str              # static, hybrid, dynamic, fetch, fetch-split
+    tier: int                # dynamic slots per layer
+    ms_per_token: float      # estimated
+    hit_rate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    policy: str
+    tier: int
+    why: str                            # one line: the choice, its estimate and the runner-up's
+    ranked: tuple[Scored, ...] = ()     # every scored choice, fastest first (static always among them)
+
+    @property
+    def predicted_ms(self) -> float:
+        return next((r.ms_per_token for r in self.ranked if (r.policy, r.tier) == (self.policy, self.tier)), 0.0)
+
+    def runner_up(self) -> Scored | None:
+        """The fastest other policy (another tier size of the same policy is no second opinion)."""
+        return next((r for r in self.ranked if r.policy != self.policy), None)
+
+
 def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *,
                   tiers: Sequence[int] | None = None, mech: Mechanism = ENGINE, holdout: float = 0.5,
                   min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False,
                   share: bool = False) -> tuple[str, int, str]:
+    """decide_policy's (policy, tier slots, one line saying why)."""
+    d = decide_policy(trace, slots, cost, tiers=tiers, mech=mech, holdout=holdout, min_gain=min_gain,
+                      max_scored=max_scored, fetch=fetch, share=share)
+    return d.policy, d.tier, d.why
+
+
+def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *,
+                  tiers: Sequence[int] | None = None, mech: Mechanism = ENGINE, holdout: float = 0.5,
+                  min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False,
+                  share: bool = False) -> Decision:
     """`--policy auto`: the tier size (0 = static) with the lowest estimated ms/token, the rule run with the engine's
     mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the core
     comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
@@ -61,7 +99,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     pk = _picks(trace)
     P, layers, n_expert = pk.P, pk.layers, pk.n_expert
     if slots <= 0:
-        return "static", 0, "static: no slots, no tier"
+        return Decision("static", 0, "static: no slots, no tier")
     T = P.shape[0]
     cut = int(round(T * (1 - holdout)))
     split = 0 < holdout < 1 and min(cut, T - cut) >= 128
@@ -72,7 +110,7 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     results = []
     for d in ds:
         core, first = core_and_tier(counts, slots, d)
-        results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=mech), d, ""))
+        results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=mech), d, name(slots, d)))
     if fetch:
         k = int(P.shape[2]) if P.ndim == 3 else 1
         for d in sorted(d for d in {max(1, slots // 4), slots // 2, slots} if d >= k):
@@ -80,18 +118,21 @@ def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
             for pol, m in (("fetch", FETCH), ("fetch-split", FETCH_SPLIT))[:2 if share else 1]:
                 results.append((simulate_hybrid(test, core, d, cost, initial=first, mech=m), d, pol))
     static = results[0][0]
-    best, d, gpu_pol = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], str(r[2])), default=results[0])
+    ranked = tuple(Scored(pol, d, r.ms_per_token, r.hit_rate)
+                   for r, d, pol in sorted(results, key=lambda x: (x[0].ms_per_token, x[1], x[2])))
+    best, d, pol = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], r[2]), default=results[0])
     gain = 1 - best.ms_per_token / static.ms_per_token if static.ms_per_token > 0 else 0.0
     scored = (f"core from the profile's first {cut} tokens, scored on {len(test)} later ones" if split
               else f"profile of {T} tokens scored in-sample")
     if d == 0 or gain < max(min_gain, 1e-9):
-        return "static", 0, (f"static: {100 * static.hit_rate:.0f} % hits at {slots} slots, est. "
-                             f"{static.ms_per_token:.2f} ms/token; the best tier ({d} slots) "
-                             f"{'saves' if gain > 0 else 'would save'} {100 * max(gain, 0):.1f} %, under "
-                             f"{100 * min_gain:.0f} % ({scored}; uploads {cost.pcie_gbps:.1f} GB/s, CPU "
-                             f"{cost.cpu_gbps:.1f} GB/s)")
-    pol = gpu_pol or name(slots, d)
-    return pol, d, (f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "
-                    f"{100 * static.hit_rate:.0f} %), {best.prefetch_per_token:.2f} prefetches/token, est. "
-                    f"{best.ms_per_token:.2f} vs {static.ms_per_token:.2f} ms/token static, {100 * gain:.0f} % faster "
-                    f"({scored})")
+        return Decision("static", 0, (
+            f"static: {100 * static.hit_rate:.0f} % hits at {slots} slots, est. {static.ms_per_token:.2f} ms/token; "
+            f"the best tier ({pol}, {d} slots, est. {best.ms_per_token:.2f}) "
+            f"{'saves' if gain > 0 else 'would save'} {100 * max(gain, 0):.1f} %, under {100 * min_gain:.0f} % "
+            f"({scored}; uploads {cost.pcie_gbps:.1f} GB/s, CPU {cost.cpu_gbps:.1f} GB/s)"), ranked)
+    second = next((r for r in ranked if r.policy != pol), None)
+    return Decision(pol, d, (
+        f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "
+        f"{100 * static.hit_rate:.0f} %), est. {best.ms_per_token:.2f} ms/token"
+        + (f", runner-up {second.policy} {second.ms_per_token:.2f}" if second else "")
+        + f", static {static.ms_per_token:.2f}: {100 * gain:.0f} % faster ({scored})"), ranked)

@@ -28,8 +28,15 @@ def test_the_config_policy_is_the_default(tmp_path: Path) -> None:
     from moeslots.cli import launch
 
     a = argparse.Namespace(profile=None, slots=None, policy=None, tier=None)
-    assert launch.resolve(tmp_path / "m.gguf", a, {"policy": "auto"}).policy == "auto"
+    assert launch.resolve(tmp_path / "m.gguf", a, {"policy": "static"}).policy == "static"
+    assert launch.resolve(tmp_path / "m.gguf", a, {}).policy is None             # decided by the machine:
+    assert launch.default_policy(None, gpu=True, repick=None) == "auto"          # auto where a GPU holds slots
+    assert launch.default_policy(None, gpu=False, repick=None) == "static"
+    assert launch.default_policy(None, gpu=True, repick="16") == "static"        # re-picks move the slots
+    assert launch.default_policy("hybrid", gpu=False, repick=None) == "hybrid"   # as asked
+    a.repick = "16"
     assert launch.resolve(tmp_path / "m.gguf", a, {}).policy == "static"
+    a.repick = None
     a.policy, a.tier = "hybrid", 3
     s = launch.resolve(tmp_path / "m.gguf", a, {"policy": "auto"})
     assert (s.policy, s.tier) == ("hybrid", 3)

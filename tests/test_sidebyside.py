@@ -108,7 +108,7 @@ def test_render_fixture(tb: ModuleType) -> None:
     assert "43.2 (0.99×, 25 %)" in row["random 32 (3888)"]
     assert "75.0 (1.50×, 60 %)" in row["chat 64 (7775)"]                     # a trace: its own rows
     assert "| 39.4 | 1363 | 57.6 | 1600 |" in row["random 64 (7775)"]
-    assert "moeslots bench repick big.gguf" in md and "pinned, 16 threads, 64 slots, uniform: static" in md
+    assert "moeslots bench repick big.gguf" in md and "pinned, 16 threads, 64 slots, uniform: auto chose static" in md
     assert "†" not in md
 
 

@@ -64,7 +64,7 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         self.model_name = model_name
         self.model_path: Path | None = None          # the model file, and what opens another (the F4 picker;
         self.model_dirs: list[str] = []              # both set by the CLI) and where else to look for models
-        self.opener: Callable[[Path], Engine] | None = None
+        self.opener: Callable[..., Engine] | None = None     # (path, progress=...) -> a new engine
         self._notices_seen = 0                       # engine notices already shown (more come after replies)
         self._keymap = dict(keymap or {})
         self.chat_id = self.store.last_chat() or self.store.new_chat(system_prompt)

@@ -17,6 +17,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Label, Sparkline, Static
 
 from ..engine.api import Snapshot
+from ..profiles.policy import TIERED
 from .widgets.heatmap import SlotHeatmap
 from .widgets.splitbar import SplitBar
 
@@ -58,7 +59,7 @@ def slots_of(snap: Snapshot) -> int:
 
 
 def policy(snap: Snapshot) -> str:
-    if snap.policy in ("hybrid", "dynamic", "fetch", "fetch-split"):
+    if snap.policy in TIERED:
         return snap.policy_line or (f"{snap.policy}: {snap.tier_slots} tier slots per layer"
                                     if snap.policy != "dynamic" else "dynamic: every slot follows the routing")
     if snap.policy_line and snap.policy_line.startswith("auto"):
@@ -107,7 +108,8 @@ class Inspector(Vertical):
         now = slots_of(snap)
         stale = view.measured_at is not None and view.measured_at != now
         self._put("profile", f"profile {view.profile or 'none'} · {policy(snap)}", q("#profile", Static).update)
-        self._put("load", snap.load_line, q("#load-line", Static).update)
+        self._put("load", snap.load_line + (f"\n{snap.progress.strip()}" if snap.progress else ""),
+                  q("#load-line", Static).update)
         self._put("toks", f"{snap.tok_s_last:.1f}", q("#toks", Digits).update)
         self._put("stale", (stale, view.measured_at), self._show_stale)
         self._put("history", tuple(snap.tok_s_rolling) or (0.0,),

@@ -18,7 +18,7 @@ from ...profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, simulate_hybrid
 from ...profiles.plan import plan_from_counts
 from ...profiles.repick import Picks
 from ...profiles.simulate import layer_counts
-from .. import calibrate, replay
+from .. import autocal, calibrate, native, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
 from ..native_tier import NativeTier, TierCounts, masks
@@ -63,8 +63,14 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
     f = m.facts
     moe = [il for il in f.moe_layers if il < f.n_layer]
+    T = threads or default_threads()
+    gpu = not pack_host and bool(native.gpus())
+    if "default" in policies and gpu and autocal.stored(m, T) is None:     # what a new user's first session does
+        autocal.run(m, threads=T, slots=max(slot_counts), pack_host=pack_host, log=log)
+        cost = None                                                         # ...and the costs it then has
+    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=T, shape=autocal.shape_of(f))[0]
+    cal = autocal.stored(m, T)
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
-    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=threads or default_threads())[0]
     ctx.enable_stats(ring_rows=64 * (len(moe) + 2))
     toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n_decode + 16)]
     rows: list[TierRow] = []
@@ -87,10 +93,12 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
                 tiers: dict[str, tuple[int, str, str]] = {}    # policy -> (tier, why, GPU-stepped kind or "")
                 for pol in policies:
-                    if pol == "auto":
+                    if pol == "default" and not gpu:                  # no GPU holds the slots: static
+                        chosen, d, why = "static", 0, "static (the default without a GPU)"
+                    elif pol in ("auto", "default"):
                         chosen, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost,
                                                                   fetch=not (pack_host or mmap),
-                                                                  share=calibrate.share_measured())
+                                                                  share=cal is not None and cal.share_ms > 0)
                     else:
                         chosen, d, why = pol, policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), ""
                     tiers[pol] = (d, why, chosen if chosen in policy_mod.GPU_STEPPED else "")
@@ -161,15 +169,24 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
                    sim.sync_uploads_per_token, sim.cpu_picks_per_token, sim.ms_per_token)
 
 
+OFF = 0.10            # a row whose predicted ms/token is off the measured by more than this is flagged (!)
+
 TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hit % | tier picks/token | CPU picks/token | "
-               "uploads/token | MB/token | sim hit % | sim uploads/token | sim CPU/token | sim ms/token |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "uploads/token | MB/token | sim hit % | sim uploads/token | sim CPU/token | sim ms/token | sim error |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def sim_error(r: TierRow) -> float:
+    """(predicted - measured) / measured ms/token."""
+    return r.sim_ms_per_token / r.ms_per_token_median - 1 if r.ms_per_token_median > 0 else 0.0
 
 
 def render_tier_row(r: TierRow) -> str:
-    pol = r.policy if r.policy != "auto" else f"auto -> {r.chosen.split(':', 1)[0]}"
+    pol = r.policy if r.policy not in ("auto", "default") else f"{r.policy} -> {r.chosen.split(':', 1)[0]}"
+    err = sim_error(r)
     tok = f"{r.decode_tok_s:.1f}" + (f" ({r.tok_s_min:.1f}–{r.tok_s_max:.1f})" if r.reps > 1 else "")
     return (f"| {r.routing} | {r.slots} | {pol} | {r.slots - r.tier} + {r.tier} | {tok} | "
             f"{r.ms_per_token_median:.2f} | {100 * r.hit_rate:.1f} | {r.tier_hits_per_token:.2f} | "
             f"{r.cpu_per_token:.2f} | {r.uploads_per_token:.2f} | {r.mb_per_token:.2f} | {100 * r.sim_hit_rate:.1f} | "
-            f"{r.sim_uploads_per_token:.2f} | {r.sim_cpu_per_token:.2f} | {r.sim_ms_per_token:.2f} |")
+            f"{r.sim_uploads_per_token:.2f} | {r.sim_cpu_per_token:.2f} | {r.sim_ms_per_token:.2f} | "
+            f"{100 * err:+.1f} %{' !' if abs(err) > OFF else ''} |")

@@ -93,7 +93,7 @@ def cmd_mtp(a: argparse.Namespace) -> int:
 
 
 def cmd_repick(a: argparse.Namespace) -> int:
-    from ..engine import calibrate
+    from ..engine import autocal, calibrate
     from ..engine.bench import repick, tier
     from ..engine.model import default_threads, inspect_gguf
     from ..profiles.policy import GPU_STEPPED, POLICIES
@@ -105,8 +105,8 @@ def cmd_repick(a: argparse.Namespace) -> int:
     if a.every is not None and (not words or not all(x == "auto" or x.isdigit() for x in words)):
         raise UserError(f"--every takes intervals >= 0 (0: static) or auto, not {a.every!r}")
     policies = [x.strip() for x in (a.policy or "").split(",") if x.strip()]
-    if a.policy is not None and (not policies or not set(policies) <= set(POLICIES)):
-        raise UserError(f"--policy takes {','.join(POLICIES)} (comma-separated), not {a.policy!r}")
+    if a.policy is not None and (not policies or not set(policies) <= set(POLICIES) | {"default"}):
+        raise UserError(f"--policy takes {','.join(POLICIES)},default (comma-separated), not {a.policy!r}")
     if a.policy is not None and (a.profile_from or a.max_swaps != 4 or a.overlap) and not words:
         raise UserError("--profile-from, --max-swaps and --overlap are re-pick flags (--every)")
     if a.reps < 1:
@@ -116,8 +116,9 @@ def cmd_repick(a: argparse.Namespace) -> int:
         raise UserError(f"--policy {gpu[0]}: the GPU reads missed experts from pinned host memory; add --no-mmap")
     slots = _engine_setup(a)
     intervals = [repick.AUTO if x == "auto" else int(x) for x in words]
-    cost, source = calibrate.costs_for(inspect_gguf(Path(a.model)).slab_bytes, pinned=a.no_mmap,
-                                       threads=a.threads or default_threads())
+    facts = inspect_gguf(Path(a.model))
+    cost, source = calibrate.costs_for(facts.slab_bytes, pinned=a.no_mmap, threads=a.threads or default_threads(),
+                                       shape=autocal.shape_of(facts))
     routings = [r for r in a.replay.split(",") if r.strip()]
     print(f"cost model for the simulator: {source}")
     out: dict = {}
@@ -137,10 +138,15 @@ def cmd_repick(a: argparse.Namespace) -> int:
             print(tier.TIER_HEADER)
             trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
                                    profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
-                                   pack_host=a.pack_host, cost=cost, reps=a.reps, log=print)
+                                   pack_host=a.pack_host, cost=None if "default" in policies else cost,
+                                   reps=a.reps, log=print)
             for r in trows:
                 if r.chosen:
-                    print(f"auto at {r.slots} slots on {r.routing}: {r.chosen}")
+                    print(f"{r.policy} at {r.slots} slots on {r.routing}: {r.chosen}")
+            off = [r for r in trows if abs(tier.sim_error(r)) > tier.OFF]
+            print(f"predicted vs measured ms/token: {len(trows) - len(off)} of {len(trows)} rows within "
+                  f"{100 * tier.OFF:.0f} %" + (": off " + ", ".join(
+                      f"{r.routing} {r.slots} {r.policy} {100 * tier.sim_error(r):+.0f} %" for r in off) if off else ""))
             out["policies"] = [dataclasses.asdict(r) for r in trows]
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -213,9 +219,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "dynamic tier of --tier D slots), dynamic (all slots a tier), fetch (a core plus a tier stepped by "
                    "the GPU: every miss fetched from pinned memory; --no-mmap), fetch-split (the same, the CPU computing "
                    "a share of each layer's misses beside the GPU's copies), auto (chosen from the profile rows under "
-                   "the cost model)")
+                   "the cost model), default (what `moeslots chat` does with no --policy: auto where a GPU holds the "
+                   "slots, after the first-run calibration when this machine has none for the model, else static). "
+                   "Each row shows the simulator's ms/token beside the measured and flags (!) an error over 10 %%")
     r.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch|fetch-split: dynamic slots per layer "
-                   "(default S/4, fetch S/2)")
+                   "(default S/4; fetch and fetch-split S/2)")
     r.add_argument("-r", "--reps", type=int, default=1, metavar="R",
                    help="--policy rows: measure each R times, the policies taking turns (alternating order), and "
                    "show the median tok/s with its range (default 1)")

@@ -4,10 +4,12 @@ config.toml), and the app run on it."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Callable
 
 from ..engine.api import Engine
-from ..profiles.policy import POLICIES
+from ..profiles.policy import POLICIES, TIER_SIZED
 from . import launch
 from .common import UserError, config, int_arg
 
@@ -24,10 +26,12 @@ def parse_repick(v: str | None) -> tuple[int, int]:
 
 def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
                 ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool | str = "auto",
-                auto_profile: bool = False, policy: str = "static", tier: int | None = None) -> "Engine":
+                auto_profile: bool = False, policy: str | None = None, tier: int | None = None,
+                progress: "Callable[[str], None] | None" = None) -> "Engine":
     """The engine the app runs on: slots as many as fit by default (with a profile, or a GPU to plan from the first
     prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice; the residency
-    policy (`--policy`, auto: decided when the slots are planned) said in a notice."""
+    policy (`--policy`; by default auto where a GPU holds the slots, else static; auto is decided when the slots are
+    planned, after a first-run calibration whose steps are printed here) said in a notice."""
     from ..engine import native
     from ..engine.engine import Engine as LocalEngine
     from ..engine.engine import EngineConfig
@@ -35,13 +39,14 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     from ..engine.threads import app_threads
 
     native.require_patched()
+    pack_host = not native.gpus()
+    policy = launch.default_policy(policy, gpu=not pack_host, repick=repick)
     if policy not in POLICIES:
         raise UserError(f"--policy takes {', '.join(POLICIES)}, not {policy!r}")
     if policy != "static" and repick:
         raise UserError(f"--policy {policy} and --repick both move slots: choose one")
-    if tier is not None and policy not in ("hybrid", "fetch", "fetch-split"):
-        raise UserError("--tier D sets the dynamic slots of --policy hybrid, fetch or fetch-split")
-    pack_host = not native.gpus()
+    if tier is not None and policy not in TIER_SIZED:
+        raise UserError(f"--tier D sets the dynamic slots of --policy {', '.join(TIER_SIZED)}")
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
     n_or_auto: int | str = slots if slots == "auto" else int_arg("--slots", slots)
@@ -51,7 +56,8 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
                                    threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
                                    async_cpu=async_cpu, mmap=mmap,
                                    repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
-                                   auto_profile=auto_profile, policy=policy, tier=tier))
+                                   auto_profile=auto_profile, policy=policy, tier=tier),
+                      progress=progress or _progress)
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     if policy != "static" and eng.residency.policy_line:
@@ -65,6 +71,10 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     return eng
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Namespace | None = None,
             model: Path | None = None) -> int:
     from ..engine import native
@@ -72,9 +82,11 @@ def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Nam
 
     keymap = dict(config().get("keymap", {}))
     native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
+    if hasattr(eng, "progress_cb"):
+        eng.progress_cb = None            # the terminal is the app's now: progress reaches it in snapshots
     app = MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember)
     app.model_path, app.model_dirs = model, list(config().get("app", {}).get("model_dirs", []))
-    app.opener = lambda p: chat_engine(p, a or chat_args(p), explicit=False)
+    app.opener = lambda p, progress=None: chat_engine(p, a or chat_args(p), explicit=False, progress=progress)
     try:
         app.run()
     finally:
@@ -89,11 +101,13 @@ def settings(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> la
     return launch.resolve(model, a, config().get("app", {}), explicit=explicit)
 
 
-def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> Engine:
-    """The engine for `chat MODEL` (explicit) or a model picked in the app; remembered as [app] last_model."""
+def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True,
+                progress: "Callable[[str], None] | None" = None) -> Engine:
+    """The engine for `chat MODEL` (explicit) or a model picked in the app (progress: where its load's steps go
+    while the app holds the terminal); remembered as [app] last_model."""
     s = settings(model, a, explicit=explicit)
     eng = open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
-                      s.auto_profile, s.policy, s.tier)
+                      s.auto_profile, s.policy, s.tier, progress=progress)
     bad = launch.remember(model)
     if bad:
         eng.notices.append(bad)
@@ -168,5 +182,5 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "share of each layer's misses while the GPU copies the others), auto (simulated on the profile "
                    "under this machine's calibration; config: [app] policy)")
     c.add_argument("--tier", type=int, metavar="D", help="--policy hybrid|fetch|fetch-split: dynamic slots per layer "
-                   "(default S/4, fetch S/2)")
+                   "(default S/4; fetch and fetch-split S/2)")
     c.set_defaults(func=cmd_chat)

@@ -20,7 +20,8 @@ class ChatSettings:
     async_cpu: bool
     mmap: bool | str                # True / False as asked, else "auto" (engine.hardware decides from free RAM)
     auto_profile: bool              # no profile: plan from the first prompt, record and save one per model
-    policy: str = "static"          # residency: static | hybrid | dynamic | auto (profiles.policy)
+    policy: str | None = None       # residency: static | hybrid | dynamic | fetch | fetch-split | auto; None: the
+                                    # default (auto where a GPU holds the slots, else static: cli.chat.open_engine)
     tier: int | None = None         # hybrid: dynamic slots per layer (None: S/4)
 
 
@@ -43,7 +44,22 @@ def resolve(model: Path, a: argparse.Namespace, app: Mapping[str, Any], *, expli
         async_cpu=bool(getattr(a, "async_cpu", False)),
         mmap=mmap if mmap is not None else app.get("mmap", "auto"),
         auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)),
-        policy=str(getattr(a, "policy", None) or app.get("policy", "static")), tier=getattr(a, "tier", None))
+        policy=_policy(a, app), tier=getattr(a, "tier", None))
+
+
+def default_policy(policy: str | None, *, gpu: bool, repick: str | None) -> str:
+    """The policy to open with: as asked, else auto where a GPU holds the slots (without one the slots live in
+    host memory and no tier moves anything to a GPU) and no re-picks were asked for (they move the slots), else
+    static."""
+    return policy or ("auto" if gpu and not repick else "static")
+
+
+def _policy(a: argparse.Namespace, app: Mapping[str, Any]) -> str | None:
+    """--policy, else [app] policy, else None (the default); --repick alone means static (re-picks move the slots)."""
+    p = getattr(a, "policy", None) or app.get("policy")
+    if p is None and getattr(a, "repick", None):
+        return "static"
+    return str(p) if p is not None else None
 
 
 def start_model(app: Mapping[str, Any]) -> tuple[Path | None, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..profiles import profile as prof
 from ..profiles import simulate as sim
 from ..profiles.costs import CostModel
+from ..profiles.policy import GPU_STEPPED
 from ..profiles.trace import TraceError, check_compatible, merge, read_csv, write_csv
 from . import interrupts
 from .common import UserError
@@ -130,7 +131,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         raise UserError("costs must be positive (base ms at least 0): " + ", ".join(bad or [f"--base-ms {a.base_ms}"]))
     if not a.share_ms >= 0:
         raise UserError(f"--share-ms must be at least 0, not {a.share_ms}")
-    if (a.mechanism in ("fetch", "fetch-split") and not (a.policy and set(a.policy) <= {"hybrid", "dynamic"})
+    if (a.mechanism in GPU_STEPPED and not (a.policy and set(a.policy) <= {"hybrid", "dynamic"})
             and a.hybrid is None):
         raise UserError(f"--mechanism {a.mechanism} goes with --policy hybrid or dynamic (the tier sweep)")
     cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,

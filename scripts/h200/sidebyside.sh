@@ -14,7 +14,7 @@
 # The costs the tier and `--policy auto` use are written into the config as a calibration: the CPU expert rate at 16
 # and 6 threads from `bench decode --timing` on this box (the CPU split's compute minus its fixed part at 127 slots),
 # uploads from its `doctor --calibrate` (pinned single-slab and pageable rates); the GPU-stepped tier's reading rate
-# and its CPU share's cost per layer as FIRST=1 measured them (calibrate._fetch_rates), else the cost model's defaults.
+# and its CPU share's cost per layer as FIRST=1 measured them (engine/fetch_rates.py), else the cost model's defaults.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; N=${N:-64}; REPS=${REPS:-1}
@@ -46,14 +46,14 @@ if [ "$STAGE" = build ]; then
       # the GPU-stepped tier's own costs on this model (pinned, 64 slots, 6 threads): its reading rate and the CPU
       # share's cost per layer, for the calibration STAGE=run writes ($B/fetch-costs.txt), then a first reading
       (cd /tmp && timeout 200 python3 -P - > $B/fetch-costs.txt 2>&1 <<'PY'
-from moeslots.engine import calibrate
+from moeslots.engine import fetch_rates
 from moeslots.engine.model import LoadOptions, Model
 with Model("/tmp/big.gguf", LoadOptions(experts_on_host=True, use_mmap=False)) as m:
     moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
-    g, s = calibrate._fetch_rates(m, moe, 64, 6, 32, False, print)
+    g, s = fetch_rates.fetch_rates(m, moe, 64, 6, 32, False, print)
 print(f"fetch_gbps {g:.2f} share_ms {s:.4f}")
 PY
-      ); tail -4 $B/fetch-costs.txt
+      ); tail -12 $B/fetch-costs.txt
       (cd /tmp && timeout 240 $M bench repick /tmp/big.gguf --every 0 --policy static,fetch,fetch-split --slots 64 \
           --replay uniform --no-mmap --threads 6 -n 64 2>&1 | tail -8)
     fi

@@ -16,7 +16,9 @@
 #   --routing R1,R2      random: llama.cpp routes random tokens itself, moeslots replays uniform random rows;
 #                        uniform: both replay the same uniform random rows; a trace (csv/npz): both replay it
 #                        [random]
-#   --policies P1,P2     moeslots policies [static,hybrid,dynamic,auto] (fetch, fetch-split: pinned cells only)
+#   --policies P1,P2     moeslots policies [default,static,hybrid,dynamic,fetch,fetch-split] (fetch, fetch-split:
+#                        pinned cells only; default: what `moeslots chat` does with no --policy, from a config of
+#                        this run that starts empty: the first-run calibration, then auto)
 #   -n N / -p N / -r N   decode tokens (both engines), llama-bench prompt tokens, repetitions (both engines: moeslots
 #                        takes the median of its repetitions, the policies taking turns) [64 / 512 / 2]
 #   --profile-rows N     routing rows that plan moeslots' slots (bench repick --profile-rows) [1024]
@@ -37,7 +39,7 @@ shift 2
 [[ -x $BENCH ]] || die "llama-bench not found or not executable: $BENCH (build it with build.sh)"
 
 OUT=sidebyside-out SLOTS=32,64 THREADS=16,6 LOADS=pinned,mmap ROUTINGS=random
-POLICIES=static,hybrid,dynamic,auto NGEN=64 NPROMPT=512 REPS=2 PROFILE_ROWS=1024 DRY=0 LLAMA_ARGS=() FAILED=0
+POLICIES=default,static,hybrid,dynamic,fetch,fetch-split NGEN=64 NPROMPT=512 REPS=2 PROFILE_ROWS=1024 DRY=0 LLAMA_ARGS=() FAILED=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --out) OUT=$2; shift 2 ;;
@@ -69,6 +71,9 @@ if [[ ${PACK_HOST:-} == 1 || -z $GPU ]]; then PACK=(--pack-host); fi
 
 mkdir -p "$OUT/raw"
 OUT=$(cd "$OUT" && pwd)
+# moeslots starts from an empty config (no calibration, no settings): what a new user has; the first-run
+# calibrations its "default" rows make are kept there for the run's later cells (each is per thread count and memory)
+rm -rf "$OUT/config"; mkdir -p "$OUT/config"; export XDG_CONFIG_HOME=$OUT/config
 RAW=$OUT/raw
 MANIFEST=$OUT/manifest.jsonl
 : > "$MANIFEST"

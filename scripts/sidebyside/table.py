@@ -99,7 +99,8 @@ def collect(out: Path) -> dict[str, Any]:
             for r in data.get("policies", []):
                 moeslots.append({**base, "routing": r["routing"], "slots": int(r["slots"]), "policy": r["policy"],
                                  "tok_s": float(r["decode_tok_s"]), "hit_rate": float(r["hit_rate"]),
-                                 "chosen": r.get("chosen", "")})
+                                 "chosen": r.get("chosen", ""), "ms": float(r.get("ms_per_token_median", 0.0)),
+                                 "sim_ms": float(r.get("sim_ms_per_token", 0.0))})
             for r in data.get("rows", []):
                 if int(r["every"]) == 0:
                     moeslots.append({**base, "routing": r["routing"], "slots": int(r["slots"]),
@@ -182,14 +183,47 @@ def render(d: dict[str, Any]) -> str:
     out += ["", "Routing: " + "; ".join(ROUTING_TEXT.get(r, f"{r}: both replay this trace (llama.cpp through "
                                                              "LLAMA_MOE_REPLAY, moeslots through --replay)")
                                         for r in routings) + "."]
-    chosen = sorted({f"{r['load']}, {r['threads']} threads, {r['slots']} slots, {r['routing']}: {r['chosen']}"
-                     for r in ours if r.get("chosen")})
+    chosen = sorted({f"{r['load']}, {r['threads']} threads, {r['slots']} slots, {r['routing']}: {r['policy']} chose "
+                     f"{r['chosen']}" for r in ours if r.get("chosen")})
     if chosen:
-        out += ["", "moeslots auto chose:"] + [f"- {c}" for c in chosen]
+        out += ["", "moeslots auto / default chose:"] + [f"- {c}" for c in chosen]
+    out += _defaults(ours, lk, cache_of) + _predicted(ours)
     out += ["", "Commands:", "", "```"] + list(d.get("commands", [])) + ["```"]
     if d.get("not_run"):
         out += ["", "Not run (stopped before them, or failed):", "", "```"] + list(d["not_run"]) + ["```"]
     return "\n".join(out) + "\n"
+
+
+def _defaults(ours: list[dict[str, Any]], lk: Any, cache_of: dict[int, int]) -> list[str]:
+    """What a new user gets: the "default" policy's decode against llama.cpp's cache and the best policy measured
+    in the same cell."""
+    out = []
+    for r in (r for r in ours if r["policy"] == "default"):
+        cell = [o for o in ours if (o["load"], o["threads"], o["routing"], o["slots"]) ==
+                (r["load"], r["threads"], r["routing"], r["slots"])]
+        best = max(cell, key=lambda o: o["tok_s"])
+        routing = "random" if r["routing"] == "uniform" else r["routing"]
+        ref = lk(r["load"], r["threads"], routing, cache_of.get(r["slots"], -1), next(
+            (t for t in ("tg64", "tg96", "tg128") if lk(r["load"], r["threads"], routing, 0, t)), "tg64"))
+        out.append(f"- {r['load']}, {r['threads']} threads, {r['slots']} slots, {r['routing']}: default "
+                   f"{_fmt(r['tok_s'])} tok/s = {r['tok_s'] / best['tok_s']:.2f} of the best ({best['policy']} "
+                   f"{_fmt(best['tok_s'])})" + (f", {r['tok_s'] / ref:.2f}x llama.cpp's cache" if ref else ""))
+    return ["", "What a new user gets (no --policy, a fresh config: the first-run calibration, then auto):"] + out \
+        if out else []
+
+
+def _predicted(ours: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in ours if r.get("ms") and r.get("sim_ms")]
+    if not rows:
+        return []
+    off = [r for r in rows if abs(r["sim_ms"] / r["ms"] - 1) > 0.10]
+    out = ["", f"Predicted vs measured ms/token: {len(rows) - len(off)} of {len(rows)} rows within 10 %.", "",
+           "| load | threads | routing | slots | policy | measured ms | predicted ms | error |", "|---" * 8 + "|"]
+    for r in rows:
+        e = r["sim_ms"] / r["ms"] - 1
+        out.append(f"| {r['load']} | {r['threads']} | {r['routing']} | {r['slots']} | {r['policy']} | {r['ms']:.2f} | "
+                   f"{r['sim_ms']:.2f} | {100 * e:+.1f} %{' !' if abs(e) > 0.10 else ''} |")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

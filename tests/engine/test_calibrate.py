@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import bundled, calibrate
+from moeslots.engine import bundled, calibrate, fetch_rates
 from moeslots.engine.engine import Engine, EngineConfig
+from moeslots.profiles.costs import CostModel
 from moeslots.profiles.repick import choose_repick
 from moeslots.profiles.trace import read_csv
 
@@ -32,7 +33,7 @@ def test_calibrate_save_load(cfg_home: Path) -> None:
     assert c.upload_pinned_gbps == c.upload_pageable_gbps == 0.0                 # said, and the H200 box's used
     assert c.upload_pinned_single_gbps == c.upload_pageable_single_gbps == 0.0 and c.host_copy_gbps > 0
     assert "PCIe uploads" in c.unmeasured and "not measured: PCIe uploads" in c.render()
-    assert any("1 threads, 0 slots" in line for line in logs) and any("2 threads, 32 slots" in line for line in logs)
+    assert any("1 threads, 16 slots" in line for line in logs) and any("2 threads, 32 slots" in line for line in logs)
     calibrate.save(c)
     assert "[app]" in cfg_home.read_text() and calibrate.load() == c             # other tables kept
     cm = c.cost_model()
@@ -130,27 +131,101 @@ def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: P
             eng.close()
 
 
-def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path, cfg_home: Path) -> None:
-    """The GPU-stepped tier's rate (run with a GPU and pinned memory; here its pack in host memory, so the copies
-    are memcpys): two configurations decoded, the engine's own count of the bytes copied per token logged for each
-    (fewer slots: more bytes), the rate from their difference; then the second again with a CPU share that leaves
-    the CPU nothing: the same bytes copied (its cost per layer from the time difference, 0 when not above the
-    plain run's); a calibration carries both into the cost model."""
+def test_the_fetch_costs_are_measured_from_the_tiers_own_counts(tiny_glm: Path) -> None:
+    """The GPU-stepped tier's costs (run with a GPU and pinned memory; here its pack in host memory, so the copies
+    are memcpys): plain decodes at S and S/2 (fewer slots: more bytes copied, as the engine counts them), then S/2
+    plain and with a CPU share that leaves the CPU nothing, taking turns (the same bytes copied, no CPU miss), then
+    shares at this machine's costs, which must give the CPU misses (and copy less)."""
     from moeslots.engine.model import LoadOptions, Model
 
     logs: list[str] = []
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
         moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
-        rate, share = calibrate._fetch_rates(m, moe, 12, 2, 24, True, logs.append)
-    mb = [float(line.rsplit(", ", 1)[1].split(" MB")[0]) for line in logs]
-    assert [line.split(",")[0] for line in logs] == ["GPU-stepped tier", "GPU-stepped tier",
-                                                     "GPU-stepped tier with a CPU share"]
-    assert len(mb) == 3 and 0 < mb[0] < mb[1] == mb[2] and rate >= 0.0 and share >= 0.0
+        fc = fetch_rates.fetch_rates(m, moe, 12, 2, 24, True, logs.append, CostModel(slab_mb=0.1, cpu_gbps=1e6))
+    mb = [float(line.split(", ")[2].split(" MB")[0]) for line in logs]
+    shared = "GPU-stepped tier with a CPU share"
+    assert [line.split(",")[0] for line in logs[:8]] == (["GPU-stepped tier"] * 2 + [shared, "GPU-stepped tier"]
+                                                         + [shared] * 2 + ["GPU-stepped tier", shared]), logs
+    assert len(logs) in (8, 9) and all(line.startswith(shared) for line in logs[8:]), logs  # the second fit
+    assert 0 < mb[0] < mb[1] and mb[1:7] == [mb[1]] * 6, logs                   # dear shares copy every miss
+    assert "CPU misses" in logs[7] and mb[7] < mb[1], logs                      # a cheap CPU takes misses
+    assert not any("CPU misses" in line for line in logs[:7])
+    assert fc.share_ms > 0 and fc.gbps >= 0.0 and fc.base_ms >= 0.0 and fc.share_cpu_gbps >= 0.0
+    assert fc.raw == tuple(logs)
+
+
+def test_a_share_that_never_computes_is_not_measured(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the shares at this machine's costs give the CPU nothing (the share not running), its cost is 0 (not
+    measured) and one line says why, however the times came out."""
+    from moeslots.engine.model import LoadOptions, Model
+
+    real = fetch_rates._tier_run
+
+    def no_cpu(*a: object, **k: object) -> fetch_rates.TierRun | None:
+        r = real(*a, **k)                       # type: ignore[arg-type]
+        return None if r is None else fetch_rates.TierRun(r.ms + (1.0 if a[4] else 0.0), r.mb, 0)
+
+    monkeypatch.setattr(fetch_rates, "_tier_run", no_cpu)
+    logs: list[str] = []
+    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
+        moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
+        fc = fetch_rates.fetch_rates(m, moe, 12, 2, 12, True, logs.append)
+    assert fc.share_ms == 0.0 and fc.share_cpu_gbps == 0.0 and logs[-1].startswith("the CPU share did not run"), logs
+
+
+class _FakeModel:
+    class facts:  # noqa: N801 - stands in for Model.facts
+        n_expert_used, n_expert, slab_bytes = 4, 48, 2_000_000
+
+    n_vocab = 1000
+
+    def set_slots(self, *a: object, **k: object) -> None: ...
+
+
+class _FakeCtx:
+    ptr = None
+
+    def __init__(self, *a: object, **k: object) -> None: ...
+    def __enter__(self) -> "_FakeCtx": return self
+    def __exit__(self, *a: object) -> None: ...
+
+
+def test_the_fetch_costs_from_known_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From runs whose times are known: the reading rate and the fixed part are the line through the two plain runs;
+    the share's cost per layer is the median of the paired differences (one slow outlier does not move it); the
+    CPU's rate on its share is what its misses take beyond the fixed part and the share's cost, and the second
+    share is split by the rate the first found."""
+    runs = iter([(25.0, 100.0, 0), (35.0, 200.0, 0),      # S, S/2 plain: 10 GB/s, 15 ms fixed
+                 (35.8, 200.0, 0),                         # round 0: dear share (its plain run is the S/2 run)
+                 (35.0, 200.0, 0), (36.2, 200.0, 0),       # round 1: plain, dear share
+                 (80.0, 200.0, 0), (35.0, 200.0, 0),       # round 2: dear share (an outlier), plain
+                 (26.6, 20.0, 8 * 90), (26.6, 20.0, 8 * 90)])   # shares at the machine's costs: 90 CPU misses/token
+    costs: list[CostModel] = []
+
+    def fake(m, ctx, moe, s, share, cost, toks, pack_host, log):  # type: ignore[no-untyped-def]
+        costs.append(cost)
+        return fetch_rates.TierRun(*next(runs))
+
+    monkeypatch.setattr(fetch_rates, "_tier_run", fake)
+    monkeypatch.setattr(fetch_rates, "Context", _FakeCtx)
+    monkeypatch.setattr(fetch_rates.replay, "set_replay", lambda *a: None)
+    fc = fetch_rates.fetch_rates(_FakeModel(), [0, 1], 24, 2, 8, True, lambda s: None,  # type: ignore[arg-type]
+                                 CostModel(slab_mb=2.0, cpu_gbps=30.0))
+    assert fc.gbps == pytest.approx(10.0) and fc.base_ms == pytest.approx(15.0)
+    assert fc.share_ms == pytest.approx(1.2 / 2)               # median of 0.8, 1.2, 45 ms over 2 layers
+    # 26.6 ms - 15 fixed - 2 x 0.6 share = 10.4 ms for 90 misses x 2 MB (the 20 MB of copies take 2 ms): 17.3 GB/s
+    assert fc.share_cpu_gbps == pytest.approx(90 * 2.0 / 10.4)
+    assert costs[-2].share_cpu_gbps == 0.0 and costs[-1].share_cpu_gbps == pytest.approx(90 * 2.0 / 10.4)
+    assert costs[-1].fetch_base_ms == pytest.approx(15.0) and costs[-1].fetch_gbps == pytest.approx(10.0)
+
+
+def test_the_fetch_costs_reach_the_cost_model(cfg_home: Path) -> None:
     c = calibrate.Calibration(machine="m", date="d", model="x", slab_mb=1.0, upload_pageable_gbps=1.0,
                               upload_pinned_gbps=2.0, cpu_gbps=3.0, base_ms=1.0, method="split", fetch_gbps=41.0,
-                              share_ms=0.025)
-    assert c.cost_model(pinned=True).fetch_gbps == 41.0 and "41.0 GB/s read by the GPU" in c.render()
-    assert c.cost_model().share_ms == 0.025 and "CPU share 25 us/layer" in c.render()
+                              share_ms=0.025, fetch_base_ms=6.5, share_cpu_gbps=20.0)
+    cm = c.cost_model(pinned=True)
+    assert (cm.fetch_gbps, cm.share_ms, cm.fetch_base_ms, cm.share_cpu_gbps) == (41.0, 0.025, 6.5, 20.0)
+    assert "41.0 GB/s read by the GPU" in c.render() and "CPU share 25 us/layer (--policy fetch-split), its CPU at 20.0 GB/s" in c.render()
     # `auto` considers fetch-split only where the share was measured (which also ran it here)
     here = dataclasses.replace(c, machine=calibrate.machine_id())
     assert not calibrate.share_measured()                                  # no calibration
@@ -158,5 +233,17 @@ def test_the_fetch_rate_is_measured_from_the_tiers_own_bytes(tiny_glm: Path, cfg
     assert calibrate.share_measured()
     calibrate.save(dataclasses.replace(here, share_ms=0.0))
     assert not calibrate.share_measured()
-    unmeasured = dataclasses.replace(c, fetch_gbps=0.0, share_ms=0.0).cost_model()
-    assert (unmeasured.fetch_gbps, unmeasured.share_ms) == (50.0, 0.040)     # not measured: the defaults
+    unmeasured = dataclasses.replace(c, fetch_gbps=0.0, share_ms=0.0, fetch_base_ms=0.0).cost_model()
+    assert (unmeasured.fetch_gbps, unmeasured.share_ms, unmeasured.fetch_base_ms) == (50.0, 0.040, 0.0)
+
+
+def test_cpu_rate_and_base_between_measured_thread_counts() -> None:
+    """A thread count the calibration did not measure takes the rate between its neighbours', not the top one's."""
+    c = calibrate.Calibration(machine="m", date="d", model="x", slab_mb=1.0, upload_pageable_gbps=1.0,
+                              upload_pinned_gbps=2.0, cpu_gbps=104.2, base_ms=12.0, method="split", threads=16,
+                              cpu_threads=(1, 2, 4, 8, 16), cpu_gbps_threads=(5.0, 10.5, 20.3, 45.2, 104.2),
+                              base_ms_threads=(14.0, 13.0, 13.0, 12.5, 12.0))
+    assert c.cost_model(threads=6).cpu_gbps == pytest.approx((20.3 + 45.2) / 2)
+    assert c.cost_model(threads=6).base_ms == pytest.approx(12.75)
+    assert c.cost_model(threads=16).cpu_gbps == 104.2 and c.cost_model(threads=32).cpu_gbps == 104.2
+    assert c.cost_model().cpu_gbps == 104.2 and c.cost_model().base_ms == 12.0

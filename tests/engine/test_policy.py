@@ -47,6 +47,8 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
             snap = e.snapshot()
             core, tier, cpu = snap.split_per_token
             cpu_of[policy] = cpu
+            # a policy that splits misses by cost names the costs it splits by
+            assert ("[default costs (H200 box" in snap.policy_line) == (policy in ("hybrid", "dynamic", "fetch-split"))
             if policy in ("fetch", "fetch-split"):
                 assert snap.policy == policy and snap.tier_slots == 4
                 assert snap.policy_line.startswith(f"{policy}: 2 core + 4 tier")

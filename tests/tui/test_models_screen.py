@@ -73,7 +73,7 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
     opened: list[Path] = []
     go = threading.Event()
 
-    def opener(p: Path) -> ClosingEngine:
+    def opener(p: Path, progress: object = None) -> ClosingEngine:
         opened.append(p)
         go.wait(10)
         return ClosingEngine(p.stem)
@@ -112,7 +112,7 @@ async def test_picker_refuses_a_dense_model(tmp_path: Path, models: Path) -> Non
 async def test_a_model_that_fails_to_open_brings_the_old_one_back(tmp_path: Path, models: Path) -> None:
     calls: list[Path] = []
 
-    def opener(p: Path) -> ClosingEngine:
+    def opener(p: Path, progress: object = None) -> ClosingEngine:
         calls.append(p)
         if p.name == "beta.gguf":
             raise RuntimeError("llama.cpp refused it")

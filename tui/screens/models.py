@@ -104,8 +104,13 @@ class Switching:
     recorded_tokens = 0
 
     def __init__(self, path: Path):
+        self.name = path.name
         self.load_line = f"opening {path.name}…"
         self.notices: list[str] = []
+
+    def say(self, line: str) -> None:
+        """A step of the load (the first-run calibration), from the opening thread: the inspector's load line."""
+        self.load_line = f"opening {self.name}: {line.strip()}"
 
     def snapshot(self) -> Snapshot:
         return Snapshot("", self.load_line, (), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0, 0, 0, False, True)
@@ -160,17 +165,18 @@ def _switch(app: "MoeslotsApp", path: Path) -> None:
     and closed, then the new model opened; on failure the old model is opened again."""
     assert app.opener is not None
     old, old_path = app.engine, app.model_path
-    app.call_from_thread(setattr, app, "engine", Switching(path))
+    stand_in = Switching(path)
+    app.call_from_thread(setattr, app, "engine", stand_in)
     old.close()
     try:
-        new = app.opener(path)
+        new = app.opener(path, progress=stand_in.say)
     except Exception as e:  # noqa: BLE001 - any failure to open is the user's to read; the app goes on
         msg = f"could not open {path.name}: {e}"
         if old_path is None:
             app.call_from_thread(app.exit, message=msg + " (and no previous model to go back to)")
             return
         try:
-            new = app.opener(old_path)
+            new = app.opener(old_path, progress=stand_in.say)
         except Exception as e2:  # noqa: BLE001
             app.call_from_thread(app.exit, message=f"{msg}; reopening {old_path.name} failed too: {e2}")
             return

@@ -1,0 +1,107 @@
+"""Whether a tier leaves something behind that slows the static cache after it: static decode timed alone, then
+after a GPU-stepped tier (fetch-split, then fetch) ran and closed in the same process and context, with each
+thread's CPU time over one idle second after each (a thread that spins while nothing decodes shows there) and the
+process's thread count. Usage (the 30B-A3B shape, experts pinned):
+    python3 -P scripts/h200/tier_residue.py MODEL.gguf [THREADS] [SLOTS]"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from moeslots.engine import replay
+from moeslots.engine.cache import SlotPlan
+from moeslots.engine.fetch_rates import decode_ms
+from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.native_tier import NativeTier
+from moeslots.profiles.costs import CostModel
+
+
+def threads_cpu() -> dict[str, float]:
+    """CPU seconds per thread of this process (name/tid)."""
+    out = {}
+    hz = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        f = stat.rsplit(")", 1)[1].split()
+        out[f"{name}/{tid}"] = (int(f[11]) + int(f[12])) / hz
+    return out
+
+
+def idle(label: str) -> None:
+    a = threads_cpu()
+    time.sleep(1.0)
+    b = threads_cpu()
+    busy = {k: b[k] - a.get(k, 0.0) for k in b if b[k] - a.get(k, 0.0) > 0.02}
+    print(f"idle second after {label}: {len(b)} threads; busy: "
+          + (", ".join(f"{k} {v:.2f} s" for k, v in sorted(busy.items())) or "none"), flush=True)
+
+
+def main() -> None:
+    path = Path(sys.argv[1])
+    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    S = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    with Model(path, LoadOptions(experts_on_host=True, use_mmap=False)) as m:
+        f = m.facts
+        moe = [il for il in f.moe_layers if il < f.n_layer]
+        toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, 64)]
+        plan = SlotPlan({il: tuple(range(S)) for il in moe})
+        with Context(m, n_ctx=128, threads=threads) as ctx:
+            replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
+
+            def static(label: str, fresh: bool = False) -> None:
+                if fresh:                                  # every pack freed first: built anew from nothing
+                    m.set_slots(SlotPlan({}), pack_host=False)
+                m.set_slots(plan, pack_host=False)
+                ctx.reset()
+                ctx.decode(toks[:8], prompt=True)
+                ctx.decode([toks[8]])
+                print(f"static {S} slots, {threads} threads, {label}: {decode_ms(ctx, toks[9:57]):.2f} ms/token",
+                      flush=True)
+
+            def tier(share: bool, device: bool = True) -> None:
+                m.set_slots(plan, pack_host=False)
+                ctx.reset()
+                ctx.decode(toks[:8], prompt=True)
+                t = NativeTier(m.ptr, plan, S // 2, CostModel(slab_mb=f.slab_bytes / 1e6), device=device, share=share)
+                try:
+                    ms = decode_ms(ctx, toks[8:56])
+                finally:
+                    t.close()
+                name = ("fetch-split" if share else "fetch") if device else "hybrid"
+                print(f"{name} {S - S // 2} + {S // 2}: {ms:.2f} ms/token", flush=True)
+
+            idle("load")
+            static("alone")
+            static("alone, again")
+            idle("static")
+            tier(True)
+            idle("fetch-split")
+            static("after fetch-split")
+            tier(False)
+            idle("fetch")
+            static("after fetch")
+            static("after fetch, packs freed and built anew", fresh=True)
+            tier(False, device=False)
+            static("after hybrid")
+            replay.set_replay(ctx.ptr, None)
+        with Context(m, n_ctx=128, threads=threads) as ctx2:
+            replay.set_replay(ctx2.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
+            m.set_slots(plan, pack_host=False)
+            ctx2.decode(toks[:8], prompt=True)
+            ctx2.decode([toks[8]])
+            print(f"static {S} slots, {threads} threads, a new context after both: "
+                  f"{decode_ms(ctx2, toks[9:57]):.2f} ms/token", flush=True)
+            replay.set_replay(ctx2.ptr, None)
+
+
+if __name__ == "__main__":
+    main()

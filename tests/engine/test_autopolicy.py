@@ -1,0 +1,157 @@
+"""`--policy auto` by itself: the first-run calibration (engine.autocal) measured end to end on the CPU engine, kept
+per machine and model shape, not measured again; the check of its choice (engine.autocheck) against the measured
+decode speed, with a fake clock that makes the chosen policy slow: the runner-up is tried between replies and the
+faster of the two stays."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.engine import autocal, autocheck, calibrate
+from moeslots.engine.autocheck import AutoCheck
+from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
+from moeslots.profiles.policy import Decision, Scored
+from moeslots.profiles.trace import from_rows, write_csv
+
+
+@pytest.fixture()
+def cfg_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    return tmp_path / "moeslots" / "config.toml"
+
+
+def _profile(path: Path, layers: tuple[int, ...] = (1, 2), n_expert: int = 16, k: int = 4, tokens: int = 400) -> Path:
+    rng = np.random.default_rng(5)
+    rows = [(t, il, rng.choice(n_expert, k, replace=False).tolist()) for t in range(tokens) for il in layers]
+    write_csv(from_rows(rows, {"n_expert": str(n_expert)}, k=k), path)
+    return path
+
+
+def _reply(e: Engine, ask: str) -> int:
+    e.new_chat()
+    return sum(1 for ev in e.chat([Message("user", ask)]) if isinstance(ev, TextDelta))
+
+
+def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path, cfg_home: Path) -> None:
+    """With no calibration for this model shape, `auto` measures what a CPU can (the CPU's rate and uploads, as
+    host copies) before its first plan, says each step and what it skipped, stores it under the machine, shape,
+    thread count and memory, and decides with it; the next engine on the same shape finds it and measures nothing.
+    Without a GPU and without asking, nothing is measured (auto is the default only where a GPU holds slots)."""
+    prof = _profile(tmp_path / "p.csv")
+    said: list[str] = []
+    cfg = EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, slots=6, profile=prof, policy="auto",
+                       calibrate="always", mmap=True)
+    e = Engine(cfg, progress=said.append)
+    try:
+        snap = e.snapshot()
+        notices = list(e.notices)
+    finally:
+        e.close()
+    assert said[0].startswith("calibrating for --policy auto") and any(s.startswith("1/2 ") for s in said), said
+    assert any(s.startswith("2/2 uploads") for s in said) and said[-1].startswith("calibrated in"), said
+    assert any("not measured: uploads over PCIe and the GPU-stepped tier" in n for n in notices), notices
+    assert snap.progress == "" and snap.policy_line.startswith("auto: ") and "first-run calibration" in \
+        snap.policy_line, snap.policy_line
+    table = tomllib.loads(cfg_home.read_text())["calibration"]
+    (key, entry), = table.items()
+    assert " | 2 threads | pageable" in key and "x 16 experts (4 used)" in key
+    assert entry["kind"] == "first-run" and entry["cpu_gbps"] > 0 and len(entry["raw"]) >= 3
+    assert any("2 threads, 6 slots" in r for r in entry["raw"]) and any("2 threads, 3 slots" in r for r in entry["raw"])
+    said.clear()
+    e = Engine(cfg, progress=said.append)                          # the same shape: measured already
+    e.close()
+    assert not said
+    said.clear()                                                    # another thread count: measured for it
+    e = Engine(dataclasses.replace(cfg, threads=1), progress=said.append)
+    e.close()
+    assert said and len(tomllib.loads(cfg_home.read_text())["calibration"]) == 2
+    said.clear()
+    cfg_home.unlink()
+    e = Engine(dataclasses.replace(cfg, calibrate="first-run"), progress=said.append)   # no GPU holds the slots
+    e.close()
+    assert not said and not cfg_home.exists()
+
+
+def _calibrated(cfg_home: Path, tiny_glm: Path) -> None:
+    """A stored first-run calibration whose uploads are cheap (a tier wins) for tiny_glm at 2 threads, pageable."""
+    from moeslots.engine.model import inspect_gguf
+
+    shape = autocal.shape_of(inspect_gguf(tiny_glm))
+    calibrate.save(calibrate.Calibration(
+        machine=calibrate.machine_id(), date="2026-12-06", model="m", slab_mb=1.0, upload_pageable_gbps=1e3,
+        upload_pinned_gbps=0.0, cpu_gbps=1.0, base_ms=1.0, method="split", threads=2, kind="first-run",
+        shape=shape, memory="pageable"))
+
+
+@pytest.mark.parametrize("runner_up_faster", [True, False])
+def test_auto_tries_the_runner_up_when_its_choice_is_slow(tiny_glm: Path, tmp_path: Path, cfg_home: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         runner_up_faster: bool) -> None:
+    """A fake clock makes the chosen policy decode 10x slower than predicted: after CHECK_TOKENS the runner-up takes
+    over at the next reply, and after as many more tokens the faster of the two as measured stays (the runner-up,
+    or back to the first choice when the runner-up is slower still); each step is said once."""
+    _calibrated(cfg_home, tiny_glm)
+    monkeypatch.setattr(autocheck, "CHECK_TOKENS", 24)
+    prof = _profile(tmp_path / "p.csv")
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, slots=6, profile=prof,
+                            policy="auto", max_tokens=16, calibrate="off", mmap=True))
+    try:
+        d = e.residency.auto.decision
+        assert d is not None and d.policy != "static" and d.runner_up() is not None, d
+        first, second = d.policy, d.runner_up()
+        assert second is not None
+        slow = {first: 10 * d.predicted_ms, second.policy: (0.5 if runner_up_faster else 20) * d.predicted_ms}
+        clock = {"now": 0.0, "seen": 0}
+
+        def fake() -> float:                      # ms per token by the policy in force, for every token added
+            n = len(e._tokens)
+            clock["now"] += max(0, n - clock["seen"]) * slow[e.snapshot().policy] / 1e3
+            clock["seen"] = n
+            return clock["now"]
+
+        e._clock = fake
+        policies = []
+        for i in range(8):
+            clock["seen"] = 0
+            _reply(e, f"question {i}")
+            policies.append(e.snapshot().policy)
+        said = [n for n in e.notices if n.startswith("auto: ")]
+    finally:
+        e.close()
+    assert policies[0] == first and second.policy in policies, (policies, said)
+    assert any("trying the runner-up" in n for n in said), said
+    if runner_up_faster:
+        assert policies[-1] == second.policy and any(n.startswith("auto: kept the runner-up") for n in said), said
+    else:
+        assert policies[-1] == first and any(n.startswith(f"auto: back to {first}") for n in said), said
+    assert len(said) == 2 and e.residency.auto.check is not None and e.residency.auto.check.state == "settled"
+
+
+def _decision(first_ms: float = 10.0, second_ms: float = 12.0) -> Decision:
+    return Decision("fetch-split", 32, "why", (Scored("fetch-split", 32, first_ms, 0.5),
+                                               Scored("fetch-split", 16, first_ms + 0.5, 0.5),
+                                               Scored("fetch", 32, second_ms, 0.5), Scored("static", 0, 20.0, 0.5)))
+
+
+def test_the_check_keeps_a_choice_that_runs_as_predicted() -> None:
+    c = AutoCheck(_decision(), tokens=100)
+    assert c.second is not None and (c.second.policy, c.second.tier) == ("fetch", 32)   # not another tier size
+    assert c.timed(60, 0.66) is None and c.state == "checking"
+    assert c.timed(60, 0.66) is None and c.state == "settled" and c.line.endswith(": kept")   # 11 ms: within 15 %
+    assert c.timed(500, 50.0) is None                                                          # settled stays
+
+
+def test_the_check_tries_the_runner_up_and_keeps_the_faster() -> None:
+    c = AutoCheck(_decision(), tokens=100)
+    assert c.timed(100, 1.3) == ("fetch", 32) and c.state == "trying"           # 13 ms against 10: 23 % slower
+    assert c.timed(100, 1.2) is None and c.state == "settled" and "kept the runner-up" in c.line
+    c = AutoCheck(_decision(), tokens=100)
+    c.timed(100, 1.3)
+    assert c.timed(100, 1.5) == ("fetch-split", 32) and "back to fetch-split" in c.line
+    alone = AutoCheck(Decision("static", 0, "why", (Scored("static", 0, 10.0, 0.5),)), tokens=10)
+    assert alone.timed(10, 1.0) is None and "no runner-up" in alone.line
