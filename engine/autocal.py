@@ -9,7 +9,8 @@ What it measures, each with the engine under uniform replayed routing in a small
 2. re-pick and tier uploads from the memory the experts live in (engine.calibrate.upload_gbps);
 3. with the experts pinned and a GPU: the GPU-stepped tier's reading rate, its fixed part, its CPU share's cost per
    layer and the CPU's rate on that share (engine.fetch_rates).
-Without a GPU only the first can be measured (a lower bound: both chains run on the CPU), and the record says what
+Mapped experts are read once first (every expert, no slots): their pages would otherwise come in during the first
+measurement. Without a GPU only the first can be measured (a lower bound: both chains run on the CPU), and the record says what
 it skipped. Stored in config.toml under the machine, shape, threads and memory (engine.calibrate.entry_key).
 """
 
@@ -18,14 +19,35 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import numpy as np
+
 from ..profiles.costs import CostModel
-from . import calibrate, native
+from . import calibrate, native, replay
+from .cache import SlotPlan
 from .calibrate import Calibration
 from .fetch_rates import FetchCosts, fetch_rates
 from .model import Context, Model, ModelFacts
 
 N_TOKENS = 16           # timed one-token decodes per measurement
 STEPS = 3
+
+
+def _touch_experts(m: Model, ctx: Context, moe: list[int], pack_host: bool) -> None:
+    """Read every expert once with no slots (replayed rows that cover each layer's experts): mapped experts are
+    paged in by their first read, which would otherwise land in the first measurement and make the CPU look slow."""
+    f = m.facts
+    k, E = f.n_expert_used, f.n_expert
+    rows = -(-E // k)
+    ids = (np.arange(rows * k).reshape(rows, 1, k) % E).repeat(len(moe), axis=1).astype(np.int32)
+    m.set_slots(SlotPlan({}), pack_host=pack_host)
+    replay.set_replay(ctx.ptr, replay.ReplayTable(ids, "every expert once"))
+    try:
+        ctx.reset()
+        for t in range(rows):
+            ctx.decode([t % (m.n_vocab - 1)], prompt=t == 0)
+    finally:
+        replay.set_replay(ctx.ptr, None)
+        ctx.reset()
 
 
 def shape_of(f: ModelFacts) -> str:
@@ -64,7 +86,10 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
     n_steps = STEPS if gpu and pinned else STEPS - 1
     log(f"calibrating for --policy auto (the first run of this model shape here, {threads} threads, "
         f"{memory_of(m)} experts; about {6 if not pinned else 12} s with a GPU)")
-    with Context(m, n_ctx=n_tokens + 16, n_batch=16, threads=threads) as ctx:
+    with Context(m, n_ctx=max(n_tokens, f.n_expert // max(1, f.n_expert_used)) + 16, n_batch=16,
+                 threads=threads) as ctx:
+        if not pinned:
+            _touch_experts(m, ctx, moe, pack_host)
         log(f"1/{n_steps} the CPU's expert rate at {threads} threads")
         cpu, base, method = calibrate.cpu_rate(m, moe, threads, n_tokens, S, pack_host, say, ctx=ctx,
                                                order=("lo", "hi", "lo"))
