@@ -54,6 +54,10 @@ class Residency:
         self.share = False                                # --policy fetch-split: the CPU computes a share of its misses
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
         self.auto = AutoPolicy(eng)                       # --policy auto: its decisions and their check
+        # the policy asked for (flags, config): F3's re-picks set it aside (static while they run: both move slots)
+        # and F3 off brings it back, its tier with the next plan (restore_policy: before the next reply)
+        self.asked = eng.cfg.policy
+        self.restore_policy = False
 
     def _overlapped_repicks(self) -> bool:
         cfg = self.eng.cfg
@@ -166,6 +170,7 @@ class Residency:
         eng = self.eng
         if every < 0:
             raise EngineError("re-pick interval must be >= 0")
+        back = ""
         with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
             if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
                 if eng._generating or eng._busy.locked():
@@ -174,6 +179,15 @@ class Residency:
                     self.end_tier_pending = True
                 else:
                     self._end_tier()
+            elif every:                           # no tier running (no slots yet, or one pending): set aside too
+                eng.cfg = dataclasses.replace(eng.cfg, policy="static")
+                self.end_tier_pending = self.end_tier_pending or eng._busy.locked()
+            elif eng.cfg.repick_every and self.asked != "static":   # F3 off: the policy asked for comes back
+                self.end_tier_pending = False
+                eng.cfg = dataclasses.replace(eng.cfg, policy=self.asked)
+                self.restore_policy = bool(eng._plan.layers)
+                back = f"; --policy {self.asked} again" + (" from the next reply" if self.restore_policy else "")
+            self.restore_policy = self.restore_policy and not every
             eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
                                           repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
             self.since = 0
@@ -181,7 +195,8 @@ class Residency:
             if not auto:
                 self.auto_mark, self.auto_line = None, ""
         return ((f"re-pick every {every} tokens, at most {eng.cfg.repick_swaps} swaps per layer" if every
-                 else "static residency (no re-picks)") + (" (re-pick auto off)" if was_auto and not auto else ""))
+                 else "no re-picks") + (back or ("" if every else ": static residency"))
+                + (" (re-pick auto off)" if was_auto and not auto else ""))
 
     def set_auto(self, cost: CostModel | None = None) -> str:
         """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
@@ -210,7 +225,8 @@ class Residency:
     def before_reply(self) -> None:
         """Before a reply (the engine held): a switch `auto`'s check asked for goes in now, the same plan under the
         runner-up (or back to the first choice), and is said."""
-        if self.auto.take_pending():
+        restore, self.restore_policy = self.restore_policy, False
+        if self.auto.take_pending() or (restore and self.eng._plan.layers):
             self.eng._apply_plan(self.eng._plan)
             self.eng.notices.append(f"residency: {self.policy_line}")
 
