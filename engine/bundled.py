@@ -16,6 +16,18 @@ def _profiles_dir() -> Path:
     return Path(profiles.__file__).resolve().parent / "data"
 
 
+def present() -> bool:
+    return (_ASSETS / f"{NAME}.gguf").is_file()
+
+
+def is_bundled(path: Path) -> bool:
+    """Whether `path` is the bundled model's file (however it was spelled)."""
+    try:
+        return present() and Path(path).expanduser().resolve() == (_ASSETS / f"{NAME}.gguf").resolve()
+    except OSError:
+        return False
+
+
 def model() -> Path:
     p = _ASSETS / f"{NAME}.gguf"
     if not p.is_file():

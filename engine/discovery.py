@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ..profiles.plan import auto_slots
-from . import ggufhead
+from . import bundled, ggufhead
 from .native import EXPERT_TENSOR_PATTERN
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 @dataclasses.dataclass(frozen=True)
 class Root:
-    source: str                  # "hf", "lmstudio", "config", "cwd"
+    source: str                  # "bundled", "hf", "lmstudio", "config", "cwd"
     path: Path
     recursive: bool = True
 
@@ -43,7 +43,8 @@ def roots(model_dirs: Sequence[str] = (), env: Mapping[str, str] | None = None, 
           cwd: Path | None = None) -> list[Root]:
     env = os.environ if env is None else env
     home = Path.home() if home is None else home
-    out = [Root("hf", hf_hub_dir(env, home)),
+    out = [Root("bundled", bundled.model().parent, recursive=False)] if bundled.present() else []
+    out += [Root("hf", hf_hub_dir(env, home)),
            Root("lmstudio", home / ".lmstudio" / "models"), Root("lmstudio", home / ".cache" / "lm-studio" / "models")]
     out += [Root("config", Path(d).expanduser()) for d in model_dirs]
     out.append(Root("cwd", Path.cwd() if cwd is None else cwd, recursive=False))
@@ -96,7 +97,9 @@ def find(search: Sequence[Root]) -> list[Found]:
             if real in seen or not real.is_file():
                 continue
             seen.add(real)
-            out.append(Found(p, root.source, _hf_label(p, root.path) if root.source == "hf" else p.name))
+            label = (_hf_label(p, root.path) if root.source == "hf" else
+                     f"{p.name} (bundled)" if root.source == "bundled" else p.name)
+            out.append(Found(p, root.source, label))
     return out
 
 

@@ -55,8 +55,9 @@ def test_every_source_is_searched_once_per_real_file(layout: dict) -> None:
     by_label = {m.found.label: m for m, _ in s.models}
     assert sorted(m.found.label for m, _ in s.models) == sorted(["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf", "zai/GLM-Tiny: glm.gguf",
                                        "big-00001-of-00002.gguf", "dense.gguf", "own.gguf", "here.gguf",
-                                       "notes.gguf"])
-    assert {m.found.source for m, _ in s.models} == {"hf", "lmstudio", "config", "cwd"}
+                                       "notes.gguf", "moeslots-tiny-glm4moe.gguf (bundled)"])
+    assert {m.found.source for m, _ in s.models} == {"bundled", "hf", "lmstudio", "config", "cwd"}
+    assert by_label["moeslots-tiny-glm4moe.gguf (bundled)"].error == ""      # listed first, and usable
     hf = by_label["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf"]
     assert hf.found.path.resolve() == layout["blob"].resolve() and hf.size == layout["blob"].stat().st_size
 

@@ -81,7 +81,7 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
     app, old = _app(Store(tmp_path / "c.sqlite"), models, opener)
     async with app.run_test(size=(140, 40)) as pilot:
         _, cells = await _pick(app, pilot, "beta.gguf")
-        assert len(cells) == 3
+        assert len(cells) == 4 and cells[0][1] == "moeslots-tiny-glm4moe.gguf (bundled)"    # always offered
         assert any(r[0] == "●" and r[1] == "alpha.gguf" for r in cells)                   # the model in use
         assert any(r[1] == "beta.gguf" and r[4] == "16 (k=4)" and r[3] == "qwen3moe" for r in cells)
         await _wait(pilot, lambda: bool(opened))
