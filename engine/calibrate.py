@@ -189,6 +189,18 @@ def load(machine: str | None = None, path: Path | None = None, *, shape: str = "
     return None
 
 
+def load_all(machine: str | None = None, path: Path | None = None) -> list[Calibration]:
+    """Every readable calibration of this machine: the full one first, then the first-run ones."""
+    p = path or configfile.path()
+    try:
+        table = tomllib.loads(p.read_text(encoding="utf-8")).get("calibration", {}) if p.exists() else {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    machine = machine or machine_id()
+    found = [c for c in map(_entry, table.values() if isinstance(table, dict) else []) if c and c.machine == machine]
+    return sorted(found, key=lambda c: (c.kind != "full", c.shape, c.threads, c.memory))
+
+
 def _entry(d: object) -> Calibration | None:
     if not isinstance(d, dict):
         return None

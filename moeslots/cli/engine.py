@@ -84,8 +84,14 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     else:
         from ..engine import calibrate
 
-        c = calibrate.load()
-        print(f"calibration      {c.render() if c else 'none for this machine (moeslots doctor --calibrate MODEL)'}")
+        found = calibrate.load_all()
+        if not found:
+            print("calibration      none for this machine (--policy auto measures its own the first time a model "
+                  "runs with a GPU; moeslots doctor --calibrate MODEL measures everything)")
+        for c in found:
+            what = ("full" if c.kind == "full" else
+                    f"first run, {c.shape}, {c.threads} threads, {c.memory} experts, {c.seconds:.0f} s")
+            print(f"calibration      [{what}] {c.render()}")
     return 0
 
 

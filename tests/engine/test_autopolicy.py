@@ -155,3 +155,14 @@ def test_the_check_tries_the_runner_up_and_keeps_the_faster() -> None:
     assert c.timed(100, 1.5) == ("fetch-split", 32) and "back to fetch-split" in c.line
     alone = AutoCheck(Decision("static", 0, "why", (Scored("static", 0, 10.0, 0.5),)), tokens=10)
     assert alone.timed(10, 1.0) is None and "no runner-up" in alone.line
+
+
+def test_doctor_lists_every_calibration_of_this_machine(tiny_glm: Path, cfg_home: Path) -> None:
+    """`moeslots doctor` shows the full calibration and each first-run one (shape, threads, memory, time)."""
+    _calibrated(cfg_home, tiny_glm)
+    calibrate.save(calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-06", model="m", slab_mb=1.0,
+                                         upload_pageable_gbps=5.0, upload_pinned_gbps=0.0, cpu_gbps=9.0,
+                                         base_ms=1.0, method="split"))
+    calibrate.save(dataclasses.replace(calibrate.load(), machine="another / GPU"))
+    found = calibrate.load_all()
+    assert [c.kind for c in found] == ["full", "first-run"] and found[1].threads == 2
