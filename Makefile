@@ -26,7 +26,7 @@ engine: $(STAMP)
 	$(PY) -m moeslots engine build $(ENGINE_FLAGS)
 
 run: engine
-	$(PY) -m moeslots
+	$(PY) -m moeslots app --bundled
 
 test: engine
 	$(PY) -m pytest -q

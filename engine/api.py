@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     model: Path
-    n_ctx: int = 4096
+    n_ctx: int = 4096                               # tokens; 0: the model's trained length, at most 32768 and
+                                                    # what the free memory holds (engine.window.default_ctx)
     slots: Union[int, str, SlotPlan, None] = 0      # n per layer or "auto" (both need a profile), a plan, 0/None
     profile: Path | None = None
     mtp: bool = True                                # MTP drafts when the model has a NextN block
@@ -118,6 +119,9 @@ class TurnStats:
     cancelled: bool
     hit_rate: float
     reread: bool = False                  # the prompt was read again from the start (recurrent memory: no cut-back)
+    dropped: int = 0                      # oldest messages the model no longer sees (the context is full:
+                                          # engine.window); 0: it read the whole chat
+    n_ctx: int = 0                        # the context's size in tokens (0: not known)
 
     @property
     def tok_s(self) -> float:

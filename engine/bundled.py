@@ -7,6 +7,7 @@ from pathlib import Path
 from .errors import EngineError
 
 NAME = "moeslots-tiny-glm4moe"
+SLOTS = 16                  # its default slots per layer: a quarter of its 64 experts (the cache at work, visibly)
 _ASSETS = Path(__file__).resolve().parent / "assets"
 
 

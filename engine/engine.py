@@ -23,7 +23,7 @@ from ..profiles.trace import Trace, write_csv
 from . import autocal, autoprofile, calibrate, discovery, hardware
 from . import cache as cache_mod
 from . import model as model_mod
-from . import native, recurrent
+from . import native, recurrent, window
 from . import recent as recent_mod
 from . import slots as slots_mod
 from . import stats as stats_mod
@@ -70,7 +70,8 @@ class Engine:
         offload, why = calibrate.prompt_path(pinned=not load.mmap)      # prompts: misses streamed or on the CPU
         self.notices += [why] if why else []
         try:
-            self.ctx = Context(self.model, n_ctx=cfg.n_ctx, n_batch=512, threads=cfg.threads, op_offload=offload,
+            n_ctx = cfg.n_ctx or window.sized_ctx(cfg.model, self.notices)   # 0: the model's length, memory
+            self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=512, threads=cfg.threads, op_offload=offload,
                                rollback=cfg.mtp_draft if cfg.mtp and self.model.mtp_loaded else 0)  # MTP drafts' room
             self.ctx.enable_stats(cfg.stats_ring)
             if cfg.mtp:
@@ -94,7 +95,7 @@ class Engine:
                                                self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
         self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
         self.residency = Residency(self)                   # re-picks and --repick auto (engine.residency)
-        self._reread = False
+        self._reread, self._window = False, window.Window()      # (the turns the model sees: engine.window)
         self._ckpts: list[recurrent.Checkpoint] = []       # recurrent models: states of the last prompt (where its
                                                            # generation prompt began, where it ended)
         self._auto: autoprofile.AutoProfile | None = None
@@ -225,10 +226,8 @@ class Engine:
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
         m, ctx = self.model, self.ctx
         self.residency.before_reply()                      # (auto's check: the runner-up, or back, from here)
-        toks = m.tokenize(self.render_prompt(messages), add_special=True, parse_special=True)
-        if len(toks) + 1 >= ctx.n_ctx:
-            raise EngineError(f"the conversation ({len(toks)} tokens) does not fit the context ({ctx.n_ctx}): "
-                              "start a new chat")
+        toks, messages, dropped = self._window.fit(messages, window.tokens_of(m, self.render_prompt), ctx.n_ctx,
+                                                   max_tokens)     # a full context: the oldest turns leave it
         # reuse the KV of the common prefix; recurrent memory cannot be cut back that far: re-read the prompt
         p = 0
         while p < min(len(toks) - 1, len(self._tokens)) and toks[p] == self._tokens[p]:
@@ -308,7 +307,7 @@ class Engine:
             self._decode_tokens += n
             self._upload_bytes += stats_mod.weight_copy_bytes() - b0
         yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
-                             hits / (hits + miss) if hits + miss else 0.0, reread), "".join(text))
+                             hits / (hits + miss) if hits + miss else 0.0, reread, dropped, ctx.n_ctx), "".join(text))
 
     def _sample(self, logits: np.ndarray) -> int:
         s, rng = self._turn
@@ -321,6 +320,7 @@ class Engine:
                 self.mtp.truncate(0)
             self._tokens = []
             self._ckpts = []
+            self._window.reset()
 
     def start_recording(self) -> None:
         with self._lock:

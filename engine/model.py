@@ -88,6 +88,10 @@ def inspect_gguf(path: Path) -> ModelFacts:
             magic = fh.read(4)
     except OSError as e:
         raise ModelError(f"cannot read {path}: {e.strerror}") from e
+    if not magic:                       # (a download that never started, a copy that failed): no bytes to show
+        raise ModelError(f"{path} is empty (0 bytes): not a GGUF model file; download or copy it again")
+    if len(magic) < len(GGUF_MAGIC):
+        raise ModelError(f"{path} is only {len(magic)} bytes long: not a GGUF model file")
     if magic != GGUF_MAGIC:
         raise ModelError(f"{path} is not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
     try:

@@ -18,6 +18,7 @@ never changes the text (tests/engine/test_mtp_auto.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections import deque
@@ -84,18 +85,25 @@ class AdaptiveMTP:
         t_plain, t_mtp = tuple(self._t_plain), tuple(self._t_mtp)
         if not t_plain or not t_mtp:
             return None
-        ratio = statistics.median(t_mtp) / statistics.median(t_plain)
+        plain = statistics.median(t_plain)
+        if plain <= 0:                                  # a clock too coarse to time a step: nothing measured
+            return None
+        ratio = statistics.median(t_mtp) / plain
         return max(0.0, (ratio - 1.0) / self.mtp.n_draft)
 
     def line(self) -> str:
-        """For the inspector: the state and why, e.g. "MTP off (accept 12 % < 35 %)"."""
-        acc, be = self.acceptance, self.break_even
-        if acc is None or be is None:
-            return "MTP on (measuring)"
+        """For the inspector: the state and why, e.g. "MTP off (accept 12 % < 35 %; probe in 40 tokens)".
+
+        Every figure is a real percentage: the acceptance is clamped to 0..100 %, a break-even of 0 or less reads
+        0 % (a draft step costs no more than a plain one: drafting always pays), one over 100 % is said in words
+        (not even all drafts accepted would pay; a measured one was seen at 2772 %). The sign compares the figures
+        now, not when the state was decided: the step times keep changing while drafting is off, so an off state
+        can meet a break-even that acceptance now clears (it said "12 % < 0 %"); the probe decides again."""
         if self.state == ON:
-            return f"MTP on (accept {100 * acc:.0f} % ≥ {100 * be:.0f} %)"
-        probing = ", probing" if self.state == PROBE else f"; probe in {self._probe_gap - self._since_probe} tokens"
-        return f"MTP off (accept {100 * acc:.0f} % < {100 * be:.0f} %{probing})"
+            return f"MTP on ({_why(self.acceptance, self.break_even)})"
+        probing = "; probing" if self.state == PROBE else \
+            f"; probe in {max(0, self._probe_gap - self._since_probe)} tokens"
+        return f"MTP off ({_why(self.acceptance, self.break_even)}{probing})"
 
     # -- stepping ---------------------------------------------------------------------------------------------
 
@@ -156,3 +164,24 @@ class AdaptiveMTP:
         else:
             self.state, self._since_probe = OFF, 0
             self._probe_gap = min(2 * self._probe_gap, self.probe_max)
+
+
+def _pct(x: float, digits: int = 0) -> str:
+    """A share 0..1 as a percentage, clamped to 0..100 %."""
+    return f"{100 * min(1.0, max(0.0, x)):.{digits}f} %"
+
+
+def _why(acc: float | None, be: float | None) -> str:
+    """Acceptance against break-even, for AdaptiveMTP.line(): bounded figures, the undefined ones said in words."""
+    if be is not None and math.isnan(be):
+        be = None
+    if acc is None:
+        return "measuring" if be is None else f"measuring acceptance, break-even {_pct(be)}"
+    if be is None:
+        return f"accept {_pct(acc)}, measuring break-even"
+    if be > 1.0:                                   # even every draft accepted would not pay
+        return f"accept {_pct(acc)}, break-even over 100 %: drafts cannot pay"
+    if acc >= be:
+        return f"accept {_pct(acc)} ≥ {_pct(be)}"
+    digits = 1 if _pct(acc) == _pct(be) else 0     # "35 % < 35 %" once rounded: one decimal shows the gap
+    return f"accept {_pct(acc, digits)} < {_pct(be, digits)}"

@@ -137,3 +137,23 @@ def test_app_alone_reopens_the_last_model_or_says_it_is_gone(dirs: Path, tiny_gl
     assert cli.main([]) == 0
     eng, name, model, notices, *_ = seen[-1]
     assert name == "moeslots-tiny-glm4moe.gguf" and any("last.gguf, is gone" in n for n in notices)
+
+
+def test_the_bundled_model_keeps_its_profile_and_slots_however_it_is_opened(dirs: Path, tiny_glm: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run` (`moeslots app --bundled`) opens the bundled model even after another model was used, and the
+    bundled model opened by its path gets its own profile and 16 slots, not "no profile" and 0 slots."""
+    from moeslots.engine import bundled
+
+    seen = _capture_app(monkeypatch)
+    _cfg(dirs, f'[app]\nlast_model = "{tiny_glm}"\n')
+    assert cli.main(["app", "--bundled"]) == 0
+    assert seen[-1][2] == bundled.model()
+    assert "run: engine\n\t$(PY) -m moeslots app --bundled" in (Path(__file__).parents[1] / "Makefile").read_text()
+    a = chat.chat_args(bundled.model())
+    s = launch.resolve(bundled.model(), a, {})
+    assert s.profile == bundled.profile("merged") and s.slots == str(bundled.SLOTS)
+    assert cli.main(["chat", str(bundled.model()), "--threads", "2"]) == 0
+    cfg = seen[-1][5]
+    assert cfg.profile == bundled.profile("merged") and not any(n.startswith("no profile") for n in seen[-1][3])
+    assert cfg.slots == bundled.SLOTS

@@ -14,7 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -53,7 +55,8 @@ class MainScreen(Screen[None]):
 class MoeslotsApp(ChatFlow, EngineActions, App[None]):
     TITLE = "moeslots"
     CSS_PATH = "app.tcss"
-    BINDINGS = keys.BINDINGS
+    # the app's keys, and Textual's own Ctrl+C under the app's (when no reply runs, check_action lets it through)
+    BINDINGS = [*keys.BINDINGS, Binding("ctrl+c", "help_quit", show=False, system=True)]
 
     def __init__(self, engine: Engine, *, store: Store | None = None, model_name: str = "",
                  keymap: dict[str, str] | None = None, system_prompt: str = "", remember: bool = False):
@@ -67,11 +70,12 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         self.opener: Callable[..., Engine] | None = None     # (path, progress=...) -> a new engine
         self._notices_seen = 0                       # engine notices already shown (more come after replies)
         self._keymap = dict(keymap or {})
-        self.chat_id = self.store.last_chat() or self.store.new_chat(system_prompt)
+        # a chat belongs to the model it was made with: this model's last chat, else a new one
+        self.chat_id = self.store.last_chat(model_name) or self.store.new_chat(system_prompt, model=model_name)
         self._cancel = threading.Event()
         self._generating = False
         self._pending_prompt = ""         # the question being answered (Esc before any text gives it back)
-        self._queued = ""                 # Enter while a reply stops: sent once it has
+        self._queued = ""                 # Enter while a reply runs or stops: sent once it has ended
         self._assistant: ChatMessage | None = None
         self._stream: ReplyView | None = None
         self._reply = ReplyBuffer()       # the generating thread puts text, _pump takes it
@@ -146,7 +150,10 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """App keys are priority bindings (they work from the prompt box); under a dialog they are off, so its
-        fields and buttons get the keys — except quit, and the help key closing the help screen."""
+        fields and buttons get the keys — except quit, and the help key closing the help screen. Ctrl+C
+        (interrupt) is on only while a reply runs: else the prompt box copies, or Textual says how to quit."""
+        if action == "interrupt":
+            return self._generating and self.screen is self.screen_stack[0]
         if action not in APP_ACTIONS or self.screen is self.screen_stack[0]:
             return True
         return action == "quit" or (action == "help" and isinstance(self.screen, HelpScreen))
@@ -162,7 +169,7 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
             if cmd.title != "Keys":                      # Textual's generic key panel: F1 shows the app's keys
                 yield cmd
         for b in keys.BINDINGS:
-            if b.action != "quit" and b.id is not None:
+            if b.action not in ("quit", "interrupt") and b.id is not None:      # (interrupt: Stop is there)
                 key = keys.keys_of(b.id, self._keymap)
                 yield SystemCommand(b.description, f"{b.description} ({key})", getattr(self, f"action_{b.action}"))
 
@@ -172,6 +179,24 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
     def action_sort_heatmap(self) -> None:
         hm = self.screen_stack[0].query_one(SlotHeatmap)
         hm.sorted_view = not hm.sorted_view
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C while a reply runs: stop it, as Esc does."""
+        self.action_stop()
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:       # a key as it came from the terminal
+            self._esc_read_as_alt(event)
+        await super().on_event(event)
+
+    def _esc_read_as_alt(self, event: events.Key) -> None:
+        """Esc is also the first byte of every escape sequence: Textual's input parser waits ESCDELAY (100 ms) for
+        more, and Esc with a key typed within that time (a new question begun at once) reaches the app as one
+        Alt+key whose character the prompt box types: the Esc was lost and the reply went on. While a reply runs,
+        an Alt+character no key is bound to stops it as Esc would, and still types its character."""
+        if (self._generating and not self._cancel.is_set() and event.key.startswith("alt+") and event.is_printable
+                and self.screen is self.screen_stack[0] and event.key not in self.screen.active_bindings):
+            self.action_stop()
 
     async def action_quit(self) -> None:
         self._cancel.set()
@@ -212,7 +237,9 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         if self.title != title:
             self.title = title
         profile = self.engine.profile
-        base.query_one(Inspector).show(snap, View(profile.name if profile else "", self.measured_at))
+        live = self._generating            # while a reply streams: its own tok/s so far, from the text stream
+        base.query_one(Inspector).show(snap, View(profile.name if profile else "", self.measured_at, live,
+                                                  self._reply.rate() if live else None))
 
     def on_mouse_move(self, event: Any) -> None:
         if self.screen is not self.screen_stack[0] or not self._inspector_visible:

@@ -59,6 +59,7 @@ class ChatFlow(_Base):
     _pacer: "Pacer"
     _pump_timer: "Timer | None"
     _last_answer: str
+    _told_window: frozenset[int] = frozenset()      # chats told that their oldest turns left the model's context
 
     if TYPE_CHECKING:                                   # the app's and EngineActions' (tui/actions.py)
         def slots_now(self) -> int: ...
@@ -82,6 +83,14 @@ class ChatFlow(_Base):
         log.follow = True
         log.scroll_end(animate=False)
         self.show_sampling()
+        self._say_store_notices()                     # at start: a read-only or moved-aside history
+
+    def _say_store_notices(self, then: str = "") -> None:
+        """What the history (tui/store.py) has to say, once each: opened read-only, a damaged file moved aside, a
+        write that failed (the chat goes on in memory); `then` ends the last line."""
+        lines = self.store.take_notices()
+        for i, line in enumerate(lines):
+            self.notify(line + (then if i == len(lines) - 1 else ""), severity="warning", timeout=12)
 
     def welcome(self) -> Welcome:
         km = self._keymap
@@ -107,26 +116,45 @@ class ChatFlow(_Base):
     # -- a reply ----------------------------------------------------------------------------------------------
 
     async def on_prompt_send(self, event: Prompt.Send) -> None:     # (a mixin: handlers by name, not @on)
+        """Enter. While a reply runs the question is never refused: it waits (out of the box) and is sent when the
+        reply has ended (on_reply_done), stopped or not. A terminal reads Esc and a key typed within its escape
+        delay as one Alt+key, or Esc+Enter as a plain Enter: the stop can be lost, the question must not be."""
         text = event.text.rstrip()
         if self._generating:
-            if self._cancel.is_set() and self._assistant is not None:      # stopping: send it once stopped
-                self._queued = text
-                self.query_one(Prompt).text = ""
+            prompt = self.query_one(Prompt)
+            if self._queued:                       # one waits already: this one stays in the box, not dropped
+                self.notify("a question already waits for this reply to end: this one stays in the box",
+                            severity="warning")
+            elif self._cancel.is_set():
+                self._queued, prompt.text = text, ""
                 self.notify("sent as soon as the reply has stopped")
             else:
-                self.notify(f"still answering: {keys_of('stop', self._keymap)} stops it", severity="warning")
+                self._queued, prompt.text = text, ""
+                stop = keys_of("stop", self._keymap)
+                prompt.border_title = f"answering… {stop}: stop · your question waits: sent when this reply ends"
+                self.notify(f"sent when this reply ends ({stop} stops it now)")
             return
         await self._ask(text)
 
-    async def _ask(self, text: str) -> None:
-        self.query_one(Prompt).text = ""
-        self.store.add(self.chat_id, "user", text)
+    async def _ask(self, text: str, from_prompt: bool = True) -> None:
+        """The question into the history, then its reply. The prompt box is cleared only once the history holds
+        the question: when the file refuses it (a full disk), the history moves to memory, the question stays in
+        (or, queued, goes back to) the prompt box and one notice says so; Enter sends it again."""
+        prompt = self.query_one(Prompt)
+        if not self.store.add(self.chat_id, "user", text, retry=False):
+            if not from_prompt:                    # queued: it left the box, which may hold text typed since
+                prompt.restore(f"{text}\n\n{prompt.text}" if prompt.text.strip() else text)
+            self._say_store_notices(": your question is still in the prompt box, Enter sends it")
+            return
+        if from_prompt:                            # (a queued question left the box already: what is there now
+            prompt.text = ""                       # was typed after it and stays)
         await self._start_reply(text, mount_question=True)
 
     async def _start_reply(self, question: str, mount_question: bool) -> None:
         self._pending_prompt = question
         self._cancel = threading.Event()          # before any await: an Esc from now on reaches this reply
         self._generating = True
+        self._reply.reset()                       # no text, no live tok/s of the last reply (the inspector reads it)
         self.query_one(Prompt).show_state("answering", keys_of("stop", self._keymap))
         log = self.chat_log
         for w in log.query(Welcome):
@@ -136,7 +164,6 @@ class ChatFlow(_Base):
         self._assistant = ChatMessage("assistant", "", streaming=True)
         await log.mount(self._assistant)
         self._stream = ReplyView(self._assistant.query_one(Markdown), self._assistant.query_one(LiveTail))
-        self._reply.take()
         log.follow = True
         log.scroll_end(animate=False)
         self._pacer.start()
@@ -189,8 +216,8 @@ class ChatFlow(_Base):
             if self._assistant is not None:
                 await self._assistant.remove()
             await self._drop_last_user_message()
-            if not prompt.text.strip() and not self._queued:
-                prompt.restore(self._pending_prompt)
+            if not prompt.text.strip() and (not self._queued or event.error):     # (failed: back even with
+                prompt.restore(self._pending_prompt)                               # another question waiting)
         else:
             self.store.add(self.chat_id, "assistant", event.text)
             self._last_answer = event.text
@@ -198,8 +225,14 @@ class ChatFlow(_Base):
                 self.measured_at = self.slots_now()
             if cancelled and not prompt.text.strip() and not self._queued:
                 prompt.restore(self._pending_prompt)       # Esc puts the question back too, to edit and resend
+        st = event.stats
+        if st is not None and st.dropped and self.chat_id not in self._told_window:     # once per chat
+            self._told_window = self._told_window | {self.chat_id}
+            self.notify(f"the oldest turns no longer fit the model's context ({st.n_ctx} tokens): they stay in the "
+                        "history but the model no longer sees them", timeout=12)
         self._say_new_notices()
         self._say_auto_switch()
+        self._say_store_notices()                 # the reply's write failed: it is kept in memory
         self._assistant = None
         self._generating = False                  # the reply is settled (store, log, prompt)
         prompt.show_state("")
@@ -207,7 +240,7 @@ class ChatFlow(_Base):
         prompt.focus()
         if self._queued:
             text, self._queued = self._queued, ""
-            await self._ask(text)
+            await self._ask(text, from_prompt=False)
 
     async def _drop_last_user_message(self) -> None:
         self.store.drop_last_user_message(self.chat_id)
@@ -234,6 +267,7 @@ class ChatFlow(_Base):
         if shown and shown[-1].role == "assistant":
             await shown[-1].remove()
         question = next((c for r, c in reversed(self.store.messages(self.chat_id)) if r == "user"), "")
+        self._say_store_notices()
         await self._start_reply(question, mount_question=False)
 
     async def action_edit_last(self) -> None:
@@ -256,13 +290,15 @@ class ChatFlow(_Base):
             await self.chat_log.mount(self.welcome())
         self._last_answer = next((c for r, c in reversed(self.store.messages(self.chat_id)) if r == "assistant"), "")
         prompt.restore(text)
+        self._say_store_notices()
 
     # -- chats ------------------------------------------------------------------------------------------------
 
     async def action_new_chat(self) -> None:
         if self._busy():
             return
-        await self.show_chat(self.store.new_chat(self.store.system(self.chat_id), self.store.sampling(self.chat_id)))
+        await self.show_chat(self.store.new_chat(self.store.system(self.chat_id), self.store.sampling(self.chat_id),
+                                                 model=self.model_name))
         self.new_chat_engine()
         self.notify("new chat")
 
@@ -279,10 +315,13 @@ class ChatFlow(_Base):
             await self.show_chat(chosen)
             self.new_chat_engine()
             info = self.store.info(chosen)
-            self.notify(f"opened '{info.title if info and info.title else '(untitled)'}'")
+            made = (f" (made with {info.model}; {self.model_name} answers from here)"
+                    if info and info.model and info.model != self.model_name else "")
+            self.notify(f"opened '{info.title if info and info.title else '(untitled)'}'{made}")
         elif not self.store.exists(self.chat_id):                # the open chat was deleted
-            await self.show_chat(self.store.new_chat(self.store.system(self.chat_id)))
+            await self.show_chat(self.store.new_chat(self.store.system(self.chat_id), model=self.model_name))
             self.new_chat_engine()
+        self._say_store_notices()                                # a rename or delete the file refused
 
     @work(exclusive=True, group="modal")
     async def action_system_prompt(self) -> None:
@@ -291,6 +330,7 @@ class ChatFlow(_Base):
         if text is not None:
             self.store.set_system(self.chat_id, text)
             self.notify("system prompt set" if text else "system prompt cleared")
+            self._say_store_notices()
 
     @work(exclusive=True, group="modal")
     async def action_sampling(self) -> None:
@@ -298,6 +338,7 @@ class ChatFlow(_Base):
         if s is not None:
             self.store.set_sampling(self.chat_id, s)
             self.show_sampling()
+            self._say_store_notices()
             self.notify(f"sampling for this chat: {s.line()}")
 
     # -- copy, export -----------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ TIPS = {
     "profile": "the routing profile the slots were chosen from, and how they change: static (fixed), re-pick every "
                "N tokens (F3), or --repick auto's choice",
     "load-line": "layers x slots per layer in the expert cache, and the bytes uploaded to hold them",
-    "speed": "decode tokens/s of the last reply; the sparkline: recent replies",
+    "speed": "decode tokens/s: while a reply streams, its own so far (live: tokens since its first over the time "
+             "they took), then the engine's figure for the whole reply; the sparkline: recent replies",
     "prompt-speed": "prompt (prefill) tokens/s of the last reply; MTP acceptance",
     "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
     "split": "share of the decode expert picks served from slots vs computed from host memory",
@@ -52,6 +53,8 @@ class View:
 
     profile: str = ""                  # the active profile's file name ("" none)
     measured_at: int | None = None     # slots in force when the last reply ran (None: no reply yet)
+    live: bool = False                 # a reply is streaming: the speed shown is live_tok_s once known
+    live_tok_s: float | None = None    # its decode rate so far (None: fewer than two tokens yet: the last reply's)
 
 
 def slots_of(snap: Snapshot) -> int:
@@ -74,6 +77,7 @@ class Inspector(Vertical):
         super().__init__(**kw)
         self._shown: dict[str, Any] = {}
         self.updates = 0                        # widget updates made (tests: an unchanged snapshot makes none)
+        self._unit = "tok/s"                    # the speed's unit label as shown
 
     def compose(self) -> ComposeResult:
         yield Label("Inspector", classes="title")
@@ -106,16 +110,18 @@ class Inspector(Vertical):
     def show(self, snap: Snapshot, view: View = View()) -> None:
         q = self.query_one
         now = slots_of(snap)
-        stale = view.measured_at is not None and view.measured_at != now
+        live = view.live and view.live_tok_s is not None      # streaming, two tokens in: the reply's rate so far
+        stale = not live and view.measured_at is not None and view.measured_at != now      # live: measured now
         self._put("profile", f"profile {view.profile or 'none'} · {policy(snap)}", q("#profile", Static).update)
         self._put("load", snap.load_line + (f"\n{snap.progress.strip()}" if snap.progress else ""),
                   q("#load-line", Static).update)
-        self._put("toks", f"{snap.tok_s_last:.1f}", q("#toks", Digits).update)
-        self._put("stale", (stale, view.measured_at), self._show_stale)
+        toks = view.live_tok_s if live and view.live_tok_s is not None else snap.tok_s_last
+        self._put("toks", f"{toks:.1f}", q("#toks", Digits).update)
+        self._put("stale", (stale, view.measured_at, live), self._show_stale)
         self._put("history", tuple(snap.tok_s_rolling) or (0.0,),
                   lambda v: setattr(q("#toks-history", Sparkline), "data", list(v)))
         mtp_line = snap.mtp_line
-        acc = (f"   MTP accept {snap.mtp_accepted / snap.mtp_drafted:.2f}"
+        acc = (f"   MTP accept {min(1.0, max(0.0, snap.mtp_accepted / snap.mtp_drafted)):.2f}"
                if snap.mtp_drafted and not mtp_line else "")
         reread = ("   re-read the whole chat (recurrent memory: no checkpoint fit)"
                   if snap.reread else "")
@@ -135,10 +141,14 @@ class Inspector(Vertical):
         self._put("heatmap", tuple((ls.layer, ls.slot_experts, ls.slot_hits_recent, ls.recent_miss_share)
                                    for ls in snap.layers), lambda v: q(SlotHeatmap).update_layers(list(v)))
 
-    def _show_stale(self, v: tuple[bool, int | None]) -> None:
-        stale, at = v
+    def _show_stale(self, v: tuple[bool, int | None, bool]) -> None:
+        stale, at, live = v
         self.query_one("#speed").set_class(stale, "stale")
-        self.query_one("#toks-unit", Label).update(f"tok/s\n(at {at} slots)" if stale else "tok/s")
+        unit = f"tok/s\n(at {at} slots)" if stale else "tok/s\nlive" if live else "tok/s"
+        widths = {len(max(u.split("\n"), key=len)) for u in (unit, self._unit)}
+        self._unit = unit
+        self.query_one("#toks-unit", Label).update(unit, layout=len(widths) > 1)   # live on/off: no re-layout
+                                                                                   # (same width, fixed height)
         split = self.query_one(SplitBar)
         split.set_class(stale, "stale")
         split.note = f" (at {at} slots)" if stale else ""

@@ -19,6 +19,9 @@ def _b(key: str, action: str, description: str, id: str, show: bool = False, pri
 BINDINGS: list[Binding] = [
     _b("f1", "help", "Keys", "help", show=True),
     _b("escape", "stop", "Stop", "stop", show=True, priority=False),
+    # Ctrl+C stops a running reply as Esc does; otherwise (check_action turns it off) the key goes on to Textual's
+    # own Ctrl+C: the prompt box copies its selection, else the app says how to quit (MoeslotsApp.BINDINGS)
+    _b("ctrl+c", "interrupt", "Stop the reply", "interrupt"),
     _b("ctrl+l", "chats", "Chats", "chats", show=True),
     _b("ctrl+n", "new_chat", "New chat", "new_chat", show=True),
     _b("f5", "regenerate", "Regenerate", "regenerate"),
@@ -48,9 +51,10 @@ class HelpRow:
 # what each key does, for the help screen (F1): (binding id, or "" and the keys as shown, what), grouped
 GROUPS: list[tuple[str, list[tuple[str, str, str]]]] = [
     ("Chat", [
-        ("", "Enter", "send (while a reply is stopping: sent once it has stopped)"),
+        ("", "Enter", "send (while a reply runs or stops: sent once it has ended)"),
         ("", "Shift+Enter / Ctrl+J", "a new line in the prompt box"),
         ("stop", "", "stop the reply (nothing said yet: your question goes back into the prompt box, selected)"),
+        ("interrupt", "", "stop the reply, as Esc does (no reply running: copy the selection, or how to quit)"),
         ("regenerate", "", "answer the last question again (with this chat's sampling)"),
         ("edit_last", "", "take the last question (and its answer) back into the prompt box to edit and resend"),
         ("new_chat", "", "a new chat (this one stays in the history)"),

@@ -1,12 +1,12 @@
 """Streaming a reply onto the screen at a bounded rate, with work per update that does not grow with the reply.
 
-The generating thread only appends text to a `ReplyBuffer` (a lock and a list append per token: it must never
-wait on the UI). The app takes what came at most every `STREAM_EVERY` seconds, further apart when the redraws
-cost more than `UI_BUDGET` of a core (`Pacer`), and hands it to a `ReplyView`:
-finished Markdown blocks (up to a blank line outside a code fence, or a closing fence) go to the Markdown widget,
-which parses from its last block on; the unfinished block is shown as plain text by `LiveTail`, which keeps the
-wrapped rows of its finished lines and re-wraps only the line being written. When the reply ends the Markdown
-widget renders the whole text once.
+The generating thread only appends text to a `ReplyBuffer` (a clock read, a lock and a list append per token:
+it must never wait on the UI; the count and the times give the live tok/s). The app takes what came at most every
+`STREAM_EVERY` seconds, further apart when the redraws cost more than `UI_BUDGET` of a core (`Pacer`), and hands
+it to a `ReplyView`: finished Markdown blocks (up to a blank line outside a code fence, or a closing fence) go to
+the Markdown widget, which parses from its last block on; the unfinished block is shown as plain text by
+`LiveTail`, which keeps the wrapped rows of its finished lines and re-wraps only the line being written. When the
+reply ends the Markdown widget renders the whole text once.
 
 Before this the app posted a message every 40 ms and the Markdown widget re-parsed and re-highlighted the open
 block (a code block being written grew with the reply) each time: the UI thread was busy a third of the time the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.segment import Segment
 from rich.text import Text
@@ -57,20 +57,44 @@ class Pacer:
 
 
 class ReplyBuffer:
-    """Text from the generating thread, taken by the UI thread."""
+    """Text from the generating thread, taken by the UI thread; and how fast it comes (the live tok/s the
+    inspector shows while a reply streams: the engine's own figure comes only with the reply's end)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._parts: list[str] = []
+        self._pieces = 0                     # pieces put since reset(): one per decoded token (the engine
+        self._first: float | None = None     # yields a piece per token, a rare empty one is merged), and
+        self._last = 0.0                     # when the first and the latest came
+
+    def reset(self) -> None:
+        """A reply begins: no text, nothing counted."""
+        with self._lock:
+            self._parts, self._pieces, self._first, self._last = [], 0, None, 0.0
 
     def put(self, text: str) -> None:
+        now = self._clock()                  # outside the lock: the UI thread never waits on the clock
         with self._lock:
             self._parts.append(text)
+            self._pieces += 1
+            if self._first is None:
+                self._first = now
+            self._last = now
 
     def take(self) -> str:
         with self._lock:
             parts, self._parts = self._parts, []
         return "".join(parts)
+
+    def rate(self) -> float | None:
+        """Pieces per second since the first one (the pieces after it over the time they took): the reply's
+        decode speed so far, without its prompt time; None until two pieces came."""
+        with self._lock:
+            n, first, last = self._pieces, self._first, self._last
+        if first is None or n < 2 or last <= first:
+            return None
+        return (n - 1) / (last - first)
 
 
 class BlockSplitter:

@@ -79,12 +79,18 @@ def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Nam
             model: Path | None = None) -> int:
     from ..engine import native
     from ..tui.app import MoeslotsApp
+    from ..tui.store import HistoryError, Store
 
     keymap = dict(config().get("keymap", {}))
+    try:                                  # the chat history: read-only or damaged files are handled (notices);
+        store = Store()                   # what cannot be (a newer schema, no way to open it) is one line, exit 2
+    except HistoryError as e:
+        eng.close()
+        raise UserError(str(e)) from None
     native.set_log_echo(False)            # the app draws on the terminal: engine errors reach it as notifications
     if hasattr(eng, "progress_cb"):
         eng.progress_cb = None            # the terminal is the app's now: progress reaches it in snapshots
-    app = MoeslotsApp(eng, model_name=model_name, keymap=keymap, remember=remember)
+    app = MoeslotsApp(eng, store=store, model_name=model_name, keymap=keymap, remember=remember)
     app.model_path, app.model_dirs = model, list(config().get("app", {}).get("model_dirs", []))
     app.opener = lambda p, progress=None: chat_engine(p, a or chat_args(p), explicit=False, progress=progress)
     try:
@@ -93,7 +99,8 @@ def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Nam
         native.set_log_echo(True)
         app._cancel.set()                 # a reply still running in its worker thread stops at the next token
         app.engine.close()                # (waits for that thread; the model picker may have switched engines)
-    return 0
+        store.close()
+    return app.return_code or 0           # an error the app died of (Textual printed it) is no success
 
 
 def settings(model: Path, a: argparse.Namespace, *, explicit: bool = True) -> launch.ChatSettings:
@@ -120,21 +127,21 @@ def cmd_chat(a: argparse.Namespace) -> int:
 
 
 def cmd_app(a: argparse.Namespace) -> int:
-    """`moeslots` alone: the app on the default model: the bundled trained model (engine/assets) with its merged
-    code+chat profile and a quarter of its experts in slots, unless config.toml names another."""
+    """`moeslots` alone: the app on the default model: [app] model, else the last model used, else the bundled
+    trained model (engine/assets) with its merged code+chat profile and a quarter of its experts in slots;
+    `moeslots app --bundled` (`make run`): the bundled model whatever was used last."""
     from ..engine import bundled, native
     from ..engine.errors import EngineError
-    from ..engine.model import inspect_gguf
 
     native.require_patched()
-    target, gone = launch.start_model(config().get("app", {}))
+    target, gone = (None, "") if getattr(a, "bundled", False) else launch.start_model(config().get("app", {}))
     if target is not None:                       # [app] model, else the last model used
         return cmd_chat(chat_args(target))
     try:
         path, prof = bundled.model(), bundled.profile("merged")
     except EngineError as e:
         raise UserError(str(e)) from None
-    eng = open_engine(path, prof, str(inspect_gguf(path).n_expert // 4), True, None, 4096)
+    eng = open_engine(path, prof, str(bundled.SLOTS), True, None, 0)   # ctx 0: sized from the model
     if gone:
         eng.notices.append(gone)
     return run_app(eng, path.name, remember=False, model=path)
@@ -150,6 +157,7 @@ def chat_args(model: Path) -> argparse.Namespace:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     _chat_arguments(sub.add_parser("chat", help="the chat app on MODEL with the expert cache"))
     ap = sub.add_parser("app", help="(default) the chat app on the default model")
+    ap.add_argument("--bundled", action="store_true", help="the bundled model, whatever was used last (make run)")
     ap.set_defaults(func=cmd_app)
 
 
@@ -169,7 +177,10 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "first prompt, no profile recorded for this model or taken from an earlier session "
                    "(config: [app] auto_profile = false)")
     c.add_argument("--threads", type=int, default=None)
-    c.add_argument("--ctx", type=int, default=4096)
+    c.add_argument("--ctx", type=int, default=0, metavar="TOKENS", help="the context: how much of the chat the "
+                   "model reads (when a chat outgrows it, its oldest turns leave it; the history keeps them). "
+                   "Default: the model's trained length, at most 32768, and at most what lets the KV cache take a "
+                   "quarter of the free VRAM (with a GPU) or RAM")
     c.add_argument("--repick", metavar="N[:M]|auto", help="re-pick residents every N decode tokens, at most M swaps "
                    "per layer (default: static); auto: plan from the profile's first half, score each N on its second "
                    "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "

@@ -8,6 +8,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..engine import bundled
+
 
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
@@ -15,7 +17,7 @@ class ChatSettings:
     slots: str | None               # a number or "auto"; None: decided when the engine opens (GPU or not)
     mtp: bool
     threads: int | None
-    ctx: int
+    ctx: int                        # tokens; 0: sized from the model and free memory (engine.window)
     repick: str | None
     async_cpu: bool
     mmap: bool | str                # True / False as asked, else "auto" (engine.hardware decides from free RAM)
@@ -36,11 +38,14 @@ def resolve(model: Path, a: argparse.Namespace, app: Mapping[str, Any], *, expli
     same = same_file(app.get("model"), model)
     profile = (a.profile if explicit else None) or (app.get("profile") if same else None)
     slots = (a.slots if explicit else None) or (str(app["slots"]) if same and "slots" in app else None)
+    if bundled.is_bundled(model):               # however it was reached: with its own profile and slots
+        profile = profile or bundled.profile("merged")
+        slots = slots or str(bundled.SLOTS)
     mmap = getattr(a, "mmap", None)
     return ChatSettings(
         profile=Path(profile).expanduser() if profile else None, slots=slots,
         mtp=not getattr(a, "no_mtp", False) and bool(app.get("mtp", True)), threads=getattr(a, "threads", None),
-        ctx=getattr(a, "ctx", 4096), repick=getattr(a, "repick", None) if explicit or profile else None,
+        ctx=getattr(a, "ctx", 0) or 0, repick=getattr(a, "repick", None) if explicit or profile else None,
         async_cpu=bool(getattr(a, "async_cpu", False)),
         mmap=mmap if mmap is not None else app.get("mmap", "auto"),
         auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)),

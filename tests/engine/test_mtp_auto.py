@@ -71,7 +71,7 @@ def test_drafting_goes_off_below_break_even_and_back_on(models_dir: Path) -> Non
         _reply(eng, "hello", 60)
         assert auto.state in (OFF, PROBE) and auto.switches == 1
         assert auto.acceptance == 1.0
-        assert eng.snapshot().mtp_line.startswith("MTP off (accept 100 % < 101 %")
+        assert eng.snapshot().mtp_line.startswith("MTP off (accept 100 %, break-even over 100 %: drafts cannot pay")
         assert auto._probe_gap > auto.probe_every                    # failed probes back off
         drafted = eng.mtp.stats.drafted  # type: ignore[union-attr]
         auto.fixed_break_even = 0.3

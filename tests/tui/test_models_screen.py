@@ -94,7 +94,8 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
         assert not app._generating
         assert opened == [models / "beta.gguf"] and old.closed
         assert isinstance(app.engine, ClosingEngine) and app.engine.name == "beta"
-        assert app.sub_title == "beta.gguf" and not isinstance(app.screen, ModelsScreen)
+        await _wait(pilot, lambda: app.store.model_of(app.chat_id) == "beta.gguf")     # its own chat, not alpha's
+        assert app.sub_title.startswith("beta.gguf") and not isinstance(app.screen, ModelsScreen)
         assert app._notices_seen == 1                                  # the new engine's notices were shown
 
 

@@ -53,7 +53,7 @@ class ChatsScreen(ModalScreen[int | None]):
                 yield Button("Close", id="close")
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("", "chat", "messages", "last active")
+        self.query_one(DataTable).add_columns("", "chat", "model", "messages", "last active")
         self.fill()
         here = [i for i, c in enumerate(self.shown) if c.id == self.current]
         if here:                                                  # the cursor starts on the open chat
@@ -67,8 +67,8 @@ class ChatsScreen(ModalScreen[int | None]):
         t.clear()
         self.shown = self.store.chats(query)
         for c in self.shown:
-            t.add_row("●" if c.id == self.current else "", c.title or "(untitled)", str(c.messages), when(c.updated),
-                      key=str(c.id))
+            t.add_row("●" if c.id == self.current else "", c.title or "(untitled)", c.model.removesuffix(".gguf")
+                      or "–", str(c.messages), when(c.updated), key=str(c.id))
         if self.shown:
             t.move_cursor(row=min(keep, len(self.shown) - 1))
         n = len(self.shown)

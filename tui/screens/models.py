@@ -194,6 +194,12 @@ def _switched(app: "MoeslotsApp", engine: Engine, path: Path, error: str) -> Non
     if error:
         app.notify(error, severity="error", timeout=12)
     else:
-        app.notify(f"switched to {path.name}; the chat goes on with it (Ctrl+N starts a new one)", timeout=8)
+        # a chat belongs to its model: the one switched to continues its own last chat, or starts one
+        mine = app.store.last_chat(path.name)
+        chat = mine or app.store.new_chat(app.store.system(app.chat_id), model=path.name)
+        if chat != app.chat_id:
+            app.call_later(app.show_chat, chat)
+        app.notify(f"switched to {path.name}: " + ("its last chat" if mine else "a new chat for it")
+                   + " (Ctrl+L lists every chat)", timeout=8)
     app._say_new_notices()
     app.refresh_inspector()

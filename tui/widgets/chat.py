@@ -31,8 +31,8 @@ class Prompt(TextArea):
     BINDINGS = [Binding("ctrl+j", "newline", "Newline", show=False, id="prompt.newline")]
 
     def show_state(self, state: str, stop_key: str = "Esc") -> None:
-        """The box's title says what Enter does now: '' (idle: it sends), 'answering' (refused: stop first) or
-        'stopping' (it sends once the reply has stopped)."""
+        """The box's title says what Enter does now: '' (idle: it sends), 'answering' (the question waits and is
+        sent when the reply ends) or 'stopping' (it sends once the reply has stopped)."""
         self.border_title = {"answering": f"answering… {stop_key}: stop",
                              "stopping": "stopping… Enter: send when stopped"}.get(state, "")
 
