@@ -112,12 +112,13 @@ class Engine:
     # -- slots (engine.slots) -------------------------------------------------------------------------------
 
     def set_slots(self, plan_or_n: Union[int, str, SlotPlan, None]) -> str:
-        """Between generations. On error the previous plan is restored (if it still fits) and the error raised."""
+        """Between generations. On error the previous plan is restored (if it still fits) and the error raised.
+        Returns the load line ("auto": and why that many)."""
         plan = self._resolve_plan(plan_or_n)
         if not self._busy.acquire(blocking=False):
             raise EngineError("cannot change slots while generating: stop the reply first")
         try:
-            return self._apply_plan(plan)
+            return self._apply_plan(plan) + (f"; {self.explain_slots(auto=True)}" if plan_or_n == "auto" else "")
         finally:
             self._busy.release()
 
@@ -166,10 +167,10 @@ class Engine:
         if self.progress_cb is not None and line:
             self.progress_cb(line)
 
-    def explain_slots(self) -> str:
-        """One line on the slot count in use: what fits, and what the active profile predicts for it."""
+    def explain_slots(self, auto: bool = False) -> str:
+        """One line on the slot count in use: what fits (auto: why that many), what the active profile predicts."""
         return slots_mod.explain(self.model, self._plan, pack_host=self.cfg.pack_host, profile=self.cfg.profile,
-                                 costs=self.cost_model)
+                                 costs=self.cost_model, auto=auto)
 
     def slots_info(self) -> str:
         """One line for the slots dialog: bytes per slot, the pack now, what the free VRAM would hold."""

@@ -61,14 +61,18 @@ def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False,
 
 
 def explain(model: Model, plan: SlotPlan, *, pack_host: bool, profile: Path | None,
-            costs: Callable[[], tuple[CostModel, str]]) -> str:
-    """One line on the slot count in use: what fits, and what the active profile predicts for it."""
+            costs: Callable[[], tuple[CostModel, str]], auto: bool = False) -> str:
+    """One line on the slot count in use: what fits (auto: why that many), what the active profile predicts."""
     s = plan.slots_per_layer
     f = model.facts
     b = cache_mod.pack_bytes(model.ptr)
     size = f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
     where = f"host memory (no GPU), {size}" if pack_host else f"{size} of VRAM"
     line = f"slots: {s} of {f.n_expert} per layer in {where}"
+    if auto:
+        line += (" (auto without a GPU: half the experts, so the inspector shows the cache at work; in host memory "
+                 "they are computed on the CPU like the rest: no speed-up)" if pack_host else
+                 " (auto: the most that fit the GPU's free memory less 1 GiB)")
     if profile is None or not s:
         return line
     cost, source = costs()
