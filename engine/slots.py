@@ -56,7 +56,7 @@ def slot_count(model: Model, slots: Union[int, str], *, pack_host: bool = False,
     except ValueError:
         raise EngineError(f"--slots takes a number or 'auto', not {slots!r}") from None
     if not 0 <= n <= f.n_expert:
-        raise EngineError(f"--slots {n}: the model has {f.n_expert} experts per layer")
+        raise EngineError(f"--slots {n}: give 0 (no slots) to {f.n_expert} (every expert of a layer), or auto")
     return n
 
 

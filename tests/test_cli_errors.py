@@ -114,3 +114,32 @@ def test_record_saves_on_sigterm_and_sighup(tiny_glm: Path, tmp_path: Path) -> N
 
         assert read_csv(out).decode_tokens > 0
     assert os.listdir(tmp_path).count("SIGTERM.csv") == 1
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process pid has a handler for sig (its SigCgt mask in /proc)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def test_record_says_so_when_signalled_before_it_records(tiny_glm: Path, tmp_path: Path) -> None:
+    """SIGTERM as soon as `moeslots record` handles it (while the model loads, before any token): one line saying
+    nothing was recorded and the file untouched, exit 128 + 15 (it was a bare "interrupted", exit 130)."""
+    (tmp_path / "p.txt").write_text("Question: what does this function do?")
+    out = tmp_path / "early.csv"
+    p = subprocess.Popen([sys.executable, "-m", "moeslots", "record", str(tiny_glm), "--prompt-file",
+                          str(tmp_path / "p.txt"), "-n", "2000", "--threads", "1", "-o", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not _catches(p.pid, signal.SIGTERM) and p.poll() is None and time.monotonic() - t0 < 60:
+        time.sleep(0.002)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, err[-600:])
+    assert "interrupted (SIGTERM): " in err and ("before recording began" in err or "no decode token" in err), err
+    assert not out.exists()

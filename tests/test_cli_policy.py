@@ -40,3 +40,7 @@ def test_the_config_policy_is_the_default(tmp_path: Path) -> None:
     a.policy, a.tier = "hybrid", 3
     s = launch.resolve(tmp_path / "m.gguf", a, {"policy": "auto"})
     assert (s.policy, s.tier) == ("hybrid", 3)
+
+
+def test_chat_negative_slots_is_one_line(tiny_glm: Path) -> None:
+    _one_line_error(run("chat", str(tiny_glm), "--slots", "-1"), "--slots -1", "not negative")

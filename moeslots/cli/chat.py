@@ -50,6 +50,9 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
         slots = "auto" if profile or (auto_profile and not pack_host) else "0"
     n_or_auto: int | str = slots if slots == "auto" else int_arg("--slots", slots)
+    if isinstance(n_or_auto, int) and n_or_auto < 0:
+        raise UserError(f"--slots {n_or_auto}: a slot count is not negative; give 0 (no slots) up to the model's "
+                        "experts per layer, or auto")
     every, swaps = parse_repick(repick)
     threads = threads or app_threads()         # the app keeps a physical core for its UI (engine/threads.py)
     eng = LocalEngine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..profiles import profile as prof
 from ..profiles import simulate as sim
@@ -15,6 +16,9 @@ from ..profiles.trace import TraceError, check_compatible, merge, read_csv, writ
 from . import interrupts
 from .common import UserError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 
 def cmd_record(a: argparse.Namespace) -> int:
     from rich.console import Console
@@ -22,26 +26,37 @@ def cmd_record(a: argparse.Namespace) -> int:
     from ..engine import native
     from ..engine import record as rec
 
-    native.require_patched()
     console = Console(stderr=True)
     out = Path(a.output)
-    with console.status("recording") as status, interrupts.as_interrupt(signal.SIGTERM, signal.SIGHUP):
-        def on_progress(p: "rec.RecordProgress") -> None:
-            status.update(f"recording {p.file}: {p.tokens} decode tokens, {p.rows} routing rows so far")
-
+    # SIGTERM / SIGHUP from the very start: one that comes while the model loads says so too (it used to end the
+    # command silently there)
+    with interrupts.as_interrupt(signal.SIGTERM, signal.SIGHUP):
         try:
-            t = rec.record(Path(a.model), [Path(f) for f in a.prompt_file], out, n_decode=a.n_predict,
-                           threads=a.threads, temperature=a.temperature, seed=a.seed, progress=on_progress)
+            native.require_patched()
+            with console.status("recording") as status:
+                def on_progress(p: "rec.RecordProgress") -> None:
+                    status.update(f"recording {p.file}: {p.tokens} decode tokens, {p.rows} routing rows so far")
+
+                t = rec.record(Path(a.model), [Path(f) for f in a.prompt_file], out, n_decode=a.n_predict,
+                               threads=a.threads, temperature=a.temperature, seed=a.seed, progress=on_progress)
         except rec.RecordInterrupted as e:
             signum = e.cause.signum if isinstance(e.cause, interrupts.Signalled) else signal.SIGINT
             what = (f"what was recorded ({e.trace.decode_tokens} decode tokens) is saved in {out}" if e.saved else
                     f"no decode token recorded yet: {out} {'left as it was' if out.exists() else 'not written'}")
-            console.print(f"interrupted ({signal.Signals(signum).name}): {what}", markup=False, highlight=False,
-                          soft_wrap=True)
-            return 128 + signum
+            return _interrupted(console, signum, what)
+        except KeyboardInterrupt as e:                       # before recording began (loading the model)
+            signum = e.signum if isinstance(e, interrupts.Signalled) else signal.SIGINT
+            return _interrupted(console, signum, f"before recording began: {out} "
+                                f"{'left as it was' if out.exists() else 'not written'}")
     print(f"wrote {out}: {t.n_rows} rows, {t.decode_tokens} decode tokens, {(~t.decode).sum()} prompt rows, "
           f"{t.shape_text()}")
     return 0
+
+
+def _interrupted(console: "Console", signum: int, what: str) -> int:
+    console.print(f"interrupted ({signal.Signals(signum).name}): {what}", markup=False, highlight=False,
+                  soft_wrap=True)
+    return 128 + signum
 
 
 def _read_trace(path: str):  # noqa: ANN202

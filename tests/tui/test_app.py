@@ -92,8 +92,10 @@ async def test_slots_modal_applies_and_errors_keep_state(store: Store) -> None:
         for value, said in (("99", "slots unchanged: 99 slots per layer do not fit: 9.9 GiB needed, 2.0 GiB free"),
                             ("lots", "slots unchanged: 'lots' is not a slot count: type a whole number (0 to 128) "
                                      "or auto"),
-                            ("-1", "slots unchanged: -1 slots per layer: the model has 128 experts per layer; type "
-                                   "0 to 128, or auto")):
+                            ("-1", "slots unchanged: -1: a slot count is not negative; type 0 to 128 (0: no "
+                                   "slots), or auto"),
+                            ("129", "slots unchanged: 129 slots per layer: the model has 128 experts per layer; "
+                                    "type 0 to 128, or auto")):
             app.screen.query_one("#slots-input").value = value
             await pilot.press("enter")
             await _wait(pilot, lambda: str(app.screen.query_one("#error").render()) != "")

@@ -48,9 +48,10 @@ def parse_slots(text: str, n_expert: int) -> tuple[str | None, str]:
         n = int(v)
     except ValueError:
         return None, f"'{text.strip()}' is not a slot count: type a whole number ({most}) or auto"
-    if n < 0 or (n_expert and n > n_expert):
-        return None, f"{n} slots per layer: the model has {n_expert} experts per layer; type {most}, or auto" \
-            if n_expert else f"{n} slots per layer: type {most}, or auto"
+    if n < 0:
+        return None, f"{n}: a slot count is not negative; type {most} (0: no slots), or auto"
+    if n_expert and n > n_expert:
+        return None, f"{n} slots per layer: the model has {n_expert} experts per layer; type {most}, or auto"
     return str(n), ""
 
 
