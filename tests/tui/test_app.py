@@ -29,8 +29,8 @@ async def test_send_streams_and_persists(store: Store) -> None:
         assert store.messages(app.chat_id) == [("user", "hi there"), ("assistant", eng.reply)]
         assert app.query_one(Prompt).text == ""
         assert eng.seen[0][-1].content == "hi there"
-    # reopened: the history is back
-    app2 = MoeslotsApp(FakeEngine(), store=store)
+    # reopened on the same model: its chat is back
+    app2 = MoeslotsApp(FakeEngine(), store=store, model_name="fake.gguf")
     async with app2.run_test(size=(140, 40)) as pilot:
         await pilot.pause()
         assert len(list(app2.query("ChatMessage"))) == 2

@@ -86,7 +86,8 @@ async def test_killed_mid_reply_keeps_every_finished_turn(tmp_path: Path) -> Non
 
     from fakes import FakeEngine
 
-    app = MoeslotsApp(FakeEngine(), store=Store(db))             # reopened: history back, the question in the prompt
+    app = MoeslotsApp(FakeEngine(), store=Store(db), model_name=model.name)   # reopened on its model: history
+                                                                                # back, the question in the prompt
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause(0.2)
         assert app.query_one(Prompt).text == stored[-1][1]
