@@ -68,35 +68,78 @@ class EngineConfig:
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """How a reply's tokens are drawn (per chat in the app). temperature 0 is greedy: the argmax, exactly, whatever
-    top_p says. Else a draw from softmax(logits / temperature) cut to its nucleus: the most likely tokens whose
-    probability reaches top_p (1: all). seed None: each reply draws afresh; a number: each reply starts from that
-    seed (a reply repeats exactly when MTP drafting is off: drafts use draws too)."""
+    top_p, top_k and min_p say. Else a draw from softmax(logits / temperature) cut to its nucleus: the most likely
+    tokens whose probability reaches top_p (1: all). seed None: each reply draws afresh; a number: each reply starts
+    from that seed (a reply repeats exactly when MTP drafting is off: drafts use draws too).
+
+    Before temperature and top-p (engine.mtp.sample, llama.cpp's rules): repeat_penalty divides the positive logit and
+    multiplies the negative one of every token among the last repeat_last_n (prompt included; greedy too), top_k
+    keeps the k highest logits, min_p keeps the tokens whose probability is at least min_p x the most likely one's.
+    The defaults (1, 0, 0) change nothing. max_tokens caps a reply's length (0: the engine's, EngineConfig)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0                      # 0: off
+    min_p: float = 0.0                  # 0: off
+    repeat_penalty: float = 1.0         # 1: off
+    repeat_last_n: int = 64             # the tokens the penalty looks back over
+    max_tokens: int = 0                 # 0: the engine's default
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def reshapes(self) -> bool:
+        """The penalty, top-k or min-p change the logits (False: temperature and top-p alone, as before them)."""
+        return self.repeat_penalty != 1 or self.top_k != 0 or self.min_p != 0
+
     def problem(self) -> str | None:
         """What is wrong with these settings, in one line; None when they are usable."""
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and 0 <= self.temperature <= 5):
+        if not (_number(self.temperature) and 0 <= self.temperature <= 5):
             return f"temperature {self.temperature}: use a number from 0 (greedy) to 5"
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+        if not (_number(self.top_p) and 0 < self.top_p <= 1):
             return f"top-p {self.top_p}: use a number above 0 and at most 1 (1: no cut)"
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+        if self.seed is not None and not (_whole(self.seed) and 0 <= self.seed < 2**63):
             return f"seed {self.seed}: use a whole number from 0 to 2^63-1, or none"
+        if not (_whole(self.top_k) and 0 <= self.top_k <= TOP_K_MAX):
+            return f"top-k {self.top_k}: use a whole number from 0 (off) to {TOP_K_MAX}"
+        if not (_number(self.min_p) and 0 <= self.min_p <= 1):
+            return f"min-p {self.min_p}: use a number from 0 (off) to 1"
+        if not (_number(self.repeat_penalty) and 1 <= self.repeat_penalty <= PENALTY_MAX):
+            return f"repeat penalty {self.repeat_penalty}: use a number from 1 (off) to {PENALTY_MAX:g}, e.g. 1.1"
+        if not (_whole(self.repeat_last_n) and 1 <= self.repeat_last_n <= WINDOW_MAX):
+            return f"repeat window {self.repeat_last_n}: use a whole number of tokens from 1 to {WINDOW_MAX}"
+        if not (_whole(self.max_tokens) and 0 <= self.max_tokens <= WINDOW_MAX):
+            return f"max tokens {self.max_tokens}: use a whole number from 1 to {WINDOW_MAX}, or 0 (the default)"
         return None
 
     def line(self) -> str:
-        """e.g. "greedy", "T 0.7 · top-p 0.9 · seed 42"."""
+        """e.g. "greedy", "T 0.7 · top-p 0.9 · seed 42", "greedy · repeat 1.1 (last 64) · max 256 tokens"."""
         if self.greedy:
-            return "greedy"
-        return " · ".join([f"T {self.temperature:g}", *([f"top-p {self.top_p:g}"] if self.top_p < 1 else []),
-                           f"seed {self.seed}" if self.seed is not None else "random seed"])
+            head = ["greedy"]
+        else:
+            head = [f"T {self.temperature:g}", *([f"top-p {self.top_p:g}"] if self.top_p < 1 else []),
+                    *([f"top-k {self.top_k}"] if self.top_k else []),
+                    *([f"min-p {self.min_p:g}"] if self.min_p else []),
+                    f"seed {self.seed}" if self.seed is not None else "random seed"]
+        return " · ".join([*head, *([f"repeat {self.repeat_penalty:g} (last {self.repeat_last_n})"]
+                                    if self.repeat_penalty != 1 else []),
+                           *([f"max {self.max_tokens} tokens"] if self.max_tokens else [])])
+
+
+TOP_K_MAX = 1_000_000       # more than any vocabulary
+PENALTY_MAX = 10.0
+WINDOW_MAX = 131_072        # tokens: the repeat window and a reply's length, at most a large context
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +223,9 @@ class Snapshot:
                                           # slots, by the tier, computed on the CPU (static: tier 0)
     tier_uploads_per_token: float = 0.0   # misses uploaded into the tier per decode token (used in that token)
     progress: str = ""                    # long work under way (the first-run calibration's step), "" when none
+    window_since: str = ""                # what began the window the routing figures count ("load", "the slots
+                                          # changed", "the policy changed"; "" from an engine that keeps none)
+    window_tokens: int = 0                # decoded rows in that window (MTP verify rows included)
 
 
 class Engine(Protocol):

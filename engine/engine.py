@@ -23,7 +23,7 @@ from ..profiles.trace import Trace, write_csv
 from . import autocal, autoprofile, calibrate, discovery, hardware
 from . import cache as cache_mod
 from . import model as model_mod
-from . import native, recurrent, window
+from . import native, recurrent, window, window_stats
 from . import recent as recent_mod
 from . import slots as slots_mod
 from . import stats as stats_mod
@@ -37,7 +37,6 @@ from .mtp_auto import AdaptiveMTP
 from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
 from .slots import plan_from_profile
-from .stats import RoutingStats
 from .template import generation_start, render_chat
 
 if TYPE_CHECKING:
@@ -90,7 +89,7 @@ class Engine:
         self._turn = (Sampling(cfg.temperature), self._rng)   # this reply's sampling and its draws (chat())
         self.load_line = "expert cache: off"
         self._rec: Recorder | None = None             # routing rows recorded so far (while recording)
-        self._whatif = ("", -1)                     # (line, decode tokens it was computed at)
+        self._since = window_stats.Window(self.model.facts, self.model.n_layer_all)  # the inspector's figures' window
         self._recent = recent_mod.RecentCounts(self.model.n_layer_all, self.model.facts.n_expert,
                                                self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
         self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
@@ -135,12 +134,12 @@ class Engine:
             except cache_mod.CacheError:
                 self._plan, self.load_line = SlotPlan({}), "expert cache: off"
             raise
+        st = self.ctx.read_stats()      # a new window of figures; its what-if: the new plan on the recent routing
+        est = whatif_line(st, plan, self.model.facts.n_expert, measured=False) or ""
         with self._lock:
             self._plan, self.load_line = plan, line
             self.residency.plan_applied(plan, spare)
-        # the what-if line is for the slots in force: the new plan on the recent routing, now (not after a reply)
-        self._whatif = (whatif_line(self.ctx.read_stats(), plan, self.model.facts.n_expert, measured=False) or "",
-                        self._decode_tokens)
+            self._since.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS, self._upload_bytes, est)
         return line
 
     def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
@@ -297,7 +296,7 @@ class Engine:
         if self._auto is not None and st_before is not None:
             self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
-            self._update_whatif(st1, self._plan, self._decode_tokens + n)   # here, not in snapshot(): the UI thread
+            self._since.after_reply(st1, self._plan)     # the what-if line: here, not in snapshot() (the UI thread)
             self.residency.after_reply(st1, self._decode_tokens + n, n, t2 - t1)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
@@ -312,7 +311,7 @@ class Engine:
 
     def _sample(self, logits: np.ndarray) -> int:
         s, rng = self._turn
-        return sample(logits, s.temperature, rng, s.top_p)
+        return sample(logits, s, rng, recent=self._tokens, mtp=self.mtp)   # the penalty reads the tokens so far
 
     def new_chat(self) -> None:
         with self._busy:
@@ -348,15 +347,6 @@ class Engine:
         """The `# key=value` facts a recorded profile carries (a profile of another model is refused by them)."""
         return routing_meta(self.model.facts, self.model.n_layer_all, tokens)
 
-    def _update_whatif(self, st: RoutingStats, plan: SlotPlan, n_dec: int) -> None:
-        """The what-if line (engine.record.whatif_line), computed by the generating thread after each reply;
-        snapshots read the cached line."""
-        if n_dec == self._whatif[1]:
-            return
-        line = whatif_line(st, plan, self.model.facts.n_expert)
-        if line is not None:
-            self._whatif = (line, n_dec)
-
     # -- snapshot --------------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
@@ -364,16 +354,13 @@ class Engine:
             plan, f, ptr, res = self._plan, self.model.facts, self.ctx.ptr, self.residency
             st = self._recent.update(lambda rows: stats_mod.read(ptr, self.model.n_layer_all, f.n_expert,
                                                                  f.n_expert_used, rows))   # the new rows only
-            layers = [LayerSnapshot(*v) for v in recent_mod.layer_views(
-                self._recent.counts, st, plan.slots_of, [il for il in f.moe_layers if il < f.n_layer])]
-            n_dec = self._decode_tokens
-            misses = int(st.misses.sum())
-            whatif = self._whatif[0]
-            fields = res.snapshot_fields(st, n_dec)
+            w = self._since.figures(st, self._upload_bytes)     # every routing figure: since the last change
+            layers = [LayerSnapshot(*v) for v in w.layer_views(self._recent.counts, plan.slots_of)]
+            fields = res.snapshot_fields(w)
             return Snapshot(
-                whatif=whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers), gpu_share=st.hit_rate,
-                cpu_experts_per_token=fields.pop("cpu_experts_per_token", misses / n_dec if n_dec else 0.0),
-                upload_mb_per_token=self._upload_bytes / n_dec / 1e6 if n_dec else 0.0,
+                whatif=w.whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers),
+                gpu_share=w.gpu_share, cpu_experts_per_token=fields.pop("cpu_experts_per_token", w.cpu_per_token),
+                upload_mb_per_token=w.upload_mb_per_token, window_since=w.since, window_tokens=w.tokens,
                 tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
                 prompt_tok_s=self._prompt_tok_s,
                 mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,

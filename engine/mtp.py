@@ -20,6 +20,7 @@ import numpy as np
 
 from . import model as model_mod
 from . import native
+from .api import Sampling
 from .errors import EngineError
 from .model import Context, Model, default_threads
 
@@ -82,6 +83,8 @@ class MTP:
         self._tok = (L.llama_token * self.n_batch)()
         self._batch.token = ctypes.cast(self._tok, ctypes.POINTER(L.llama_token))
         self.stats = MTPStats()
+        self.rules = Sampling()      # the reply's repeat penalty, top-k, min-p (temperature and top-p come with each
+                                     # step): set by sample(..., mtp=) at each engine reply's first token
         target.on_chunk = self._after_target_chunk
         model_mod.track(self, model_mod.DRAFT)
 
@@ -160,13 +163,16 @@ class MTP:
         speculative sampling — draft d ~ q is accepted with probability min(1, p(d)/q(d)), a rejection samples from
         max(0, p - q) renormalised, and after all drafts the next token is sampled from p — so every emitted token
         is distributed exactly as sampling the target alone. top_p < 1 cuts p and q to their nuclei first (the
-        same rule holds for any p and q)."""
+        same rule holds for any p and q). self.rules' penalty, top-k and min-p reshape every row's logits first,
+        each row's recent tokens being history, x and the drafts before it (sample()'s rules, row by row)."""
         ctx = self.target
         n = ctx.n_past
         assert n == len(history), (n, len(history))
         sample = temperature > 0
         if sample and rng is None:
             rng = np.random.default_rng()
+        rules = dataclasses.replace(self.rules, temperature=temperature, top_p=top_p)
+        tail = history[-rules.repeat_last_n:] + [x] if rules.reshapes else []   # what the penalty looks back at
         t0 = time.perf_counter()
         self.feed(history, n)                                  # draft KV covers 0..n-1
         t1 = time.perf_counter()
@@ -178,11 +184,11 @@ class MTP:
         for _ in range(max(0, budget)):
             logits, h = self._draft_one(tok, pos, h)
             if sample:
-                q = softmax(logits, temperature, top_p)
+                q = probs(logits, rules, tail + drafts)
                 d = int(rng.choice(q.size, p=q))
                 qs.append(q)
             else:
-                d = int(np.argmax(logits))
+                d = int(np.argmax(penalised(logits, rules, tail + drafts)))
             drafts.append(d)
             tok, pos = d, pos + 1
         self.truncate(n)                                       # draft rows are re-fed from the target's states
@@ -193,7 +199,7 @@ class MTP:
         if sample:
             nxt = -1
             while a < len(drafts):
-                p = softmax(ctx.logits(a), temperature, top_p)
+                p = probs(ctx.logits(a), rules, tail + drafts[:a])
                 d = drafts[a]
                 if rng.random() < min(1.0, p[d] / max(qs[a][d], 1e-30)):
                     a += 1
@@ -202,9 +208,10 @@ class MTP:
                 nxt = int(rng.choice(r.size, p=r / r.sum())) if r.sum() > 0 else int(rng.choice(p.size, p=p))
                 break
             if nxt < 0:
-                nxt = int(rng.choice(ctx.model.n_vocab, p=softmax(ctx.logits(a), temperature, top_p)))
-        else:
-            ys = [ctx.argmax(i) for i in range(len(drafts) + 1)]
+                nxt = int(rng.choice(ctx.model.n_vocab, p=probs(ctx.logits(a), rules, tail + drafts[:a])))
+        else:                                                  # the argmax of each row's penalised logits
+            ys = [int(np.argmax(penalised(ctx.logits(i), rules, tail + drafts[:i]))) if rules.reshapes
+                  else ctx.argmax(i) for i in range(len(drafts) + 1)]
             while a < len(drafts) and drafts[a] == ys[a]:
                 a += 1
             nxt = ys[a]
@@ -265,12 +272,55 @@ def nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
     return out / out.sum()
 
 
-def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator, top_p: float = 1.0) -> int:
-    """argmax at temperature 0 (top_p does not matter), else a draw from softmax(logits / temperature) cut to
-    top_p."""
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    p = softmax(logits, temperature, top_p)
+def penalised(logits: np.ndarray, s: Sampling, recent: Sequence[int] = ()) -> np.ndarray:
+    """logits under s's repeat penalty (llama.cpp's rule): each distinct token among the last s.repeat_last_n of
+    `recent` has a positive logit divided by the penalty, a negative one multiplied by it (both make it less
+    likely). The same array, untouched, when the penalty is off (1) or nothing is recent."""
+    if s.repeat_penalty == 1 or not len(recent):
+        return logits
+    ids = np.unique(np.asarray(recent[-s.repeat_last_n:], np.int64))
+    ids = ids[(ids >= 0) & (ids < logits.size)]
+    out = np.array(logits, copy=True)
+    v = out[ids]
+    out[ids] = np.where(v > 0, v / s.repeat_penalty, v * s.repeat_penalty)
+    return out
+
+
+def cut(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """logits with what top-k and min-p leave out at -inf (never the most likely token). top_k: the k highest logits
+    (ties at the k-th: lower ids first); min_p: the tokens whose probability (at temperature 1, after top-k) is at
+    least min_p x the most likely one's, i.e. logit >= max + ln(min_p). The same array when both are off."""
+    z = logits
+    if 0 < s.top_k < z.size:
+        kth = np.partition(z, z.size - s.top_k)[z.size - s.top_k]       # the k-th highest logit
+        keep = z > kth
+        keep[np.flatnonzero(z == kth)[:s.top_k - int(keep.sum())]] = True
+        z = np.where(keep, z, -np.inf)
+    if s.min_p > 0:
+        zf = z.astype(np.float64)
+        z = np.where(np.exp(zf - zf.max()) >= s.min_p, z, -np.inf)   # p_i / p_max = exp(z_i - z_max)
+    return z
+
+
+def probs(logits: np.ndarray, s: Sampling, recent: Sequence[int] = ()) -> np.ndarray:
+    """The distribution a sampled token is drawn from: the penalty, top-k and min-p, then softmax at s.temperature
+    cut to s.top_p. With the three off: softmax(logits, temperature, top_p) itself, bit for bit."""
+    return softmax(cut(penalised(logits, s, recent), s), s.temperature, s.top_p)
+
+
+def sample(logits: np.ndarray, how: float | Sampling, rng: np.random.Generator, top_p: float = 1.0,
+           recent: Sequence[int] = (), mtp: "MTP | None" = None) -> int:
+    """One token. how: the reply's Sampling (a bare temperature, with top_p: no penalty, top-k or min-p). Greedy
+    (temperature 0) is the argmax of the penalised logits, exactly (top-k, min-p, top-p keep the most likely token);
+    else a draw from probs(). recent: the tokens so far (prompt and reply), for the repeat penalty. mtp: the
+    reply's draft context, told the rules so its verify steps (MTP.step) draw under them too."""
+    s = how if isinstance(how, Sampling) else Sampling(how, top_p)
+    if mtp is not None:
+        mtp.rules = s
+    z = penalised(logits, s, recent)
+    if s.greedy:
+        return int(np.argmax(z))
+    p = softmax(cut(z, s), s.temperature, s.top_p)
     return int(rng.choice(p.size, p=p))
 
 
@@ -282,6 +332,7 @@ def greedy_tokens(mtp: MTP, prompt: Sequence[int], n_predict: int, is_eog: Calla
     ctx = mtp.target
     ctx.reset()
     mtp.truncate(0)
+    mtp.rules = Sampling()                        # plain greedy: no rules a chat reply left behind
     ctx.decode(list(prompt), prompt=True)
     history = list(prompt)
     mtp.feed(history, ctx.n_past)                 # the prompt's draft rows: prompt work, not the first step's

@@ -100,9 +100,11 @@ LayerView = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], float,
 
 
 def layer_views(counts: np.ndarray, st: RoutingStats, slots_of: Callable[[int], tuple[int, ...]],
-                layers: list[int]) -> list[LayerView]:
-    """Per layer: (layer, slot experts, recent picks per slot, decode picks per slot since the stats reset, the
-    layer's hit share, its recent miss share), as engine.LayerSnapshot takes them."""
+                layers: list[int], window: bool = False) -> list[LayerView]:
+    """Per layer: (layer, slot experts, recent picks per slot, decode picks per slot in st, the layer's hit share in
+    st, its miss share), as engine.LayerSnapshot takes them. The miss share is the recent ring's, or with `window`
+    st's own (1 - the hit share; 0 with no picks): st then holds the counters of the window the inspector's other
+    figures count (engine.window_stats), so the heatmap's miss column agrees with the split."""
     out: list[LayerView] = []
     for il in layers:
         slots = slots_of(il)
@@ -112,6 +114,7 @@ def layer_views(counts: np.ndarray, st: RoutingStats, slots_of: Callable[[int], 
         rtot = int(rc.sum())
         recent = rc[idx] if idx.size else rc[:0]
         r_hit = int(recent.sum())
+        miss = (int(st.misses[il]) / tot if tot else 0.0) if window else (rtot - r_hit) / rtot if rtot else 0.0
         out.append((il, tuple(slots), tuple(recent.tolist()), tuple(int(v) for v in st.picks_decode[il, idx]),
-                    int(st.hits[il]) / tot if tot else 0.0, (rtot - r_hit) / rtot if rtot else 0.0))
+                    int(st.hits[il]) / tot if tot else 0.0, miss))
     return out

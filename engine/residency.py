@@ -29,9 +29,11 @@ from .errors import EngineError
 from .autopolicy import AutoPolicy
 from .native_tier import NativeTier
 from .stats import RoutingStats
+from .window_stats import POLICY
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .window_stats import Figures
 
 AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens of the chat: the intervals it can
                    # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
@@ -112,10 +114,11 @@ class Residency:
             self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0], device=self.device,
                                    share=self.share)
 
-    def snapshot_fields(self, st: RoutingStats, n_dec: int) -> dict[str, object]:
+    def snapshot_fields(self, w: "Figures") -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
         uploads per token; with a tier, the experts computed in host memory are the tier's CPU misses (the routing
-        stats count a miss uploaded in its own token as a miss: it was not resident when picked)."""
+        stats count a miss uploaded in its own token as a miss: it was not resident when picked). Both count from
+        the last change: the tier is made with each plan, `w` is the window since (engine.window_stats)."""
         t = self.tier
         if t is not None:
             core, tier, cpu, up = t.split()
@@ -124,9 +127,8 @@ class Residency:
                     "tier_slots": t.tier,
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
                     "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}
-        n = max(1, n_dec)
         return {"policy": "static", "policy_line": self.policy_line if self.eng._plan.layers else "",
-                "split_per_token": (int(st.hits.sum()) / n, 0.0, int(st.misses.sum()) / n) if n_dec else (0.0,) * 3}
+                "split_per_token": w.split_per_token}
 
     def _end_tier(self) -> None:
         """The tier gives its slots to re-picks (eng._lock held, no decode running): the plan it left, static."""
@@ -137,6 +139,12 @@ class Residency:
             self._close_tier()
         eng.cfg = dataclasses.replace(eng.cfg, policy="static")
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
+        self._new_window()
+
+    def _new_window(self) -> None:
+        """The policy changed (eng._lock held): the inspector's figures count from here (engine.window_stats)."""
+        eng = self.eng
+        eng._since.mark(eng.ctx.read_stats(), POLICY, eng._upload_bytes)
 
     def generation_ended(self) -> None:
         """The reply's decodes are done (eng._lock held): a tier end asked for during them happens now; a GPU-stepped
@@ -188,6 +196,8 @@ class Residency:
                 self.restore_policy = bool(eng._plan.layers)
                 back = f"; --policy {self.asked} again" + (" from the next reply" if self.restore_policy else "")
             self.restore_policy = self.restore_policy and not every
+            if every != eng.cfg.repick_every:     # re-picks on, off or another interval: a new window of figures
+                self._new_window()
             eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
                                           repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
             self.since = 0

@@ -27,13 +27,15 @@ class FakeEngine:
         self.profile: Path | None = Path("fake-profile.csv")
         self.seen: list = []
         self.sampling_seen: list[Sampling | None] = []
+        self.max_tokens_seen: list[int | None] = []
         self.whatif = f"what-if @{slots}: static 60 %  lru 40 %  re-elect 55 %"
         self.mtp = (7, 10)                                  # accepted, drafted
 
-    def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001
+    def chat(self, messages, cancel=None, sampling=None, max_tokens=None):  # noqa: ANN001
         self.seen.append(list(messages))
         self.sampling_seen.append(sampling)
-        words = self.reply.split(" ")
+        self.max_tokens_seen.append(max_tokens)
+        words = self.reply.split(" ")[:max_tokens or None]   # a word a token: max_tokens cuts the reply
         out = []
         if self.prefill:                                   # the prompt being read: no text, no look at cancel
             time.sleep(self.prefill)

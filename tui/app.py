@@ -1,5 +1,7 @@
-"""The moeslots terminal app: chat on the left, the live cache inspector on the right (below 110 columns it is
-hidden, and Ctrl+T shows it in place of the chat, as a tab).
+"""The moeslots terminal app: chat on the left, the live cache inspector on the right (40% of the width, 44 to 70
+columns: the chat keeps the rest; below 110 columns it is hidden, and Ctrl+T shows it in place of the chat, as a
+tab). On a small screen (under 110x30) what the app has to say at start is one line each in the chat pane, not
+toasts over it.
 
 It only draws engine snapshots: every engine call runs in a worker thread; a reply's text reaches the screen ten
 times a second (tui/stream.py: the generating thread never waits on the UI, an update costs the new text), the
@@ -19,6 +21,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
@@ -31,7 +34,7 @@ from .inspector import Inspector, View, slots_of
 from .screens.help import HelpScreen
 from .store import Store
 from .stream import Pacer, ReplyBuffer, ReplyView
-from .widgets.chat import ChatLog, ChatMessage, Prompt, printable
+from .widgets.chat import ChatLog, ChatMessage, Notices, Prompt, Welcome, printable
 from .widgets.heatmap import SlotHeatmap
 
 __all__ = ["MoeslotsApp", "Prompt", "ReplyDone", "load_keymap", "printable"]
@@ -39,6 +42,7 @@ __all__ = ["MoeslotsApp", "Prompt", "ReplyDone", "load_keymap", "printable"]
 SWITCH_INTERVAL = 0.0001      # seconds; sys.setswitchinterval while the app runs
 INSPECT_EVERY = 0.25          # seconds between inspector refreshes (while it is visible)
 NARROW = 110                  # columns below which the inspector is hidden (Ctrl+T: shown instead of the chat)
+SHORT = 30                    # rows below which (or under NARROW columns) start-up notices go in the chat pane
 APP_ACTIONS = {b.action for b in keys.BINDINGS}
 ANY_SCREEN = {"quit", "help"}                  # app keys that work while a dialog is open
 
@@ -87,6 +91,7 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         self._inspector_visible = True
         self._narrow: bool | None = None          # the width class the inspector's visibility was last set for
         self._repick_seen = engine.snapshot().repick_every   # the interval in force, to say when auto changes it
+        self._start_notes: list[tuple[str, dict[str, Any]]] | None = []   # notify() while mounting (None after)
 
     # -- layout ------------------------------------------------------------------------------------------------
 
@@ -117,11 +122,36 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
             self.notify("the last reply did not finish (the app was closed mid-reply): your message is back in the "
                         "prompt, Enter sends it again", timeout=8)
         self.set_interval(INSPECT_EVERY, self.refresh_inspector)
+        await self._show_start_notes()
         # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread
         # to give it up at most this long: 0.1 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
         self.on_resize()
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """A toast, as App.notify; while the app mounts, kept for _show_start_notes (all of them at once, in the
+        chat pane on a small screen)."""
+        kw: dict[str, Any] = dict(title=title, severity=severity, timeout=timeout, markup=markup)
+        if self._start_notes is not None:
+            self._start_notes.append((str(message), kw))
+            return
+        super().notify(message, **kw)
+
+    async def _show_start_notes(self) -> None:
+        """What was said while the app mounted (the engine's notices, the history's, a bad keymap, a question
+        given back): toasts on a large screen; on a small one (at 80x24 five toasts covered half of it) one line
+        each at the end of the chat pane, a click shows them whole."""
+        notes, self._start_notes = self._start_notes or [], None
+        if not notes:
+            return
+        if self.size.width >= NARROW and self.size.height >= SHORT:
+            for message, kw in notes:
+                super().notify(message, **kw)
+            return
+        await self.chat_log.mount(Notices([(message, str(kw["severity"])) for message, kw in notes]))
+        self.call_after_refresh(self.chat_log.stick)
 
     def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
@@ -142,6 +172,8 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         base.query_one("#inspector").display = visible
         base.query_one("#inspector").set_class(tab, "tab")
         base.query_one("#chat-pane").display = not tab
+        for w in base.query(Welcome):                  # it says where the inspector is, or the key that shows it
+            w.show_inspector(visible)
         if visible:
             self.refresh_inspector()
         elif self.screen is base:
@@ -168,10 +200,10 @@ class MoeslotsApp(ChatFlow, EngineActions, App[None]):
         for cmd in super().get_system_commands(screen):
             if cmd.title != "Keys":                      # Textual's generic key panel: F1 shows the app's keys
                 yield cmd
-        for b in keys.BINDINGS:
+        for b in keys.BINDINGS:       # each once, its second line what it does and its keys (not its name again)
             if b.action not in ("quit", "interrupt") and b.id is not None:      # (interrupt: Stop is there)
-                key = keys.keys_of(b.id, self._keymap)
-                yield SystemCommand(b.description, f"{b.description} ({key})", getattr(self, f"action_{b.action}"))
+                yield SystemCommand(b.description, keys.palette_help(b.id, self._keymap),
+                                    getattr(self, f"action_{b.action}"))
 
     def action_toggle_inspector(self) -> None:
         self._set_inspector(not self._inspector_visible)

@@ -14,7 +14,7 @@ from textual.widgets import Markdown
 
 from ..engine.api import Done, Message, Sampling, TextDelta
 from .keys import keys_of
-from .mdtext import as_markdown, code_blocks
+from .mdtext import as_markdown, code_blocks, export_header, export_markdown, mark_stopped, unmarked
 from .screens.chats import ChatsScreen
 from .screens.modals import NameScreen
 from .screens.sampling import SamplingScreen
@@ -59,6 +59,7 @@ class ChatFlow(_Base):
     _pacer: "Pacer"
     _pump_timer: "Timer | None"
     _last_answer: str
+    _inspector_visible: bool
     _told_window: frozenset[int] = frozenset()      # chats told that their oldest turns left the model's context
 
     if TYPE_CHECKING:                                   # the app's and EngineActions' (tui/actions.py)
@@ -79,7 +80,7 @@ class ChatFlow(_Base):
         await log.remove_children()
         msgs = self.store.messages(chat_id)
         await log.mount_all([ChatMessage(r, c) for r, c in msgs] if msgs else [self.welcome()])
-        self._last_answer = next((c for r, c in reversed(msgs) if r == "assistant"), "")
+        self._last_answer = unmarked(next((c for r, c in reversed(msgs) if r == "assistant"), ""))
         log.follow = True
         log.scroll_end(animate=False)
         self.show_sampling()
@@ -96,7 +97,7 @@ class ChatFlow(_Base):
         km = self._keymap
         profile = self.engine.profile
         return Welcome(self.model_name, profile.name if profile else "none yet", "Enter", keys_of("stop", km),
-                       keys_of("help", km))
+                       keys_of("help", km), keys_of("inspector", km), shown=self._inspector_visible)
 
     def show_sampling(self) -> None:
         self.sub_title = " · ".join(x for x in (self.model_name, self.store.sampling(self.chat_id).line()) if x)
@@ -106,7 +107,8 @@ class ChatFlow(_Base):
         sys_prompt = self.store.system(self.chat_id)
         if sys_prompt:
             msgs.append(Message("system", sys_prompt))
-        return msgs + [Message(r, c) for r, c in self.store.messages(self.chat_id)]
+        # (a stopped reply is stored with its marker: the model is given its own text back, without it)
+        return msgs + [Message(r, unmarked(c) if r == "assistant" else c) for r, c in self.store.messages(self.chat_id)]
 
     def _busy(self) -> bool:
         if self._generating:
@@ -175,8 +177,10 @@ class ChatFlow(_Base):
     def generate(self, messages: list[Message], cancel: threading.Event, sampling: Sampling) -> None:
         put = self._reply.put                              # per token: a list append, never a wait on the UI
         text, stats, error = "", None, None
+        # the chat's max tokens (0: the engine's own limit), passed only when set (engine.engine.Engine.chat takes it)
+        limit = {"max_tokens": sampling.max_tokens} if sampling.max_tokens else {}
         try:
-            for ev in self.engine.chat(messages, cancel=cancel, sampling=sampling):
+            for ev in self.engine.chat(messages, cancel=cancel, sampling=sampling, **limit):
                 if isinstance(ev, TextDelta):
                     put(ev.text)
                 elif isinstance(ev, Done):
@@ -206,10 +210,12 @@ class ChatFlow(_Base):
         self.last_turn = event.stats
         if event.error:
             self.notify(f"no reply: {event.error}", severity="error", timeout=10)
+        # a reply stopped by Esc / Ctrl+C (with text) ends in a "— stopped" marker, on screen and in the history
+        shown = mark_stopped(event.text) if cancelled and event.text.strip() else event.text
         if stream is not None:
-            await stream.finish(as_markdown(event.text))
+            await stream.finish(as_markdown(shown))
         elif self._assistant is not None:
-            await self._assistant.query_one(Markdown).update(as_markdown(event.text))
+            await self._assistant.query_one(Markdown).update(as_markdown(shown))
         prompt = self.query_one(Prompt)
         if (cancelled or event.error) and not event.text.strip():
             # nothing said: take the question back out of the chat, into the prompt box
@@ -219,7 +225,7 @@ class ChatFlow(_Base):
             if not prompt.text.strip() and (not self._queued or event.error):     # (failed: back even with
                 prompt.restore(self._pending_prompt)                               # another question waiting)
         else:
-            self.store.add(self.chat_id, "assistant", event.text)
+            self.store.add(self.chat_id, "assistant", shown)
             self._last_answer = event.text
             if event.stats is not None and event.stats.tokens:
                 self.measured_at = self.slots_now()
@@ -288,7 +294,8 @@ class ChatFlow(_Base):
             await m.remove()
         if not self.chat_log.query(ChatMessage):
             await self.chat_log.mount(self.welcome())
-        self._last_answer = next((c for r, c in reversed(self.store.messages(self.chat_id)) if r == "assistant"), "")
+        self._last_answer = unmarked(next((c for r, c in reversed(self.store.messages(self.chat_id))
+                                           if r == "assistant"), ""))
         prompt.restore(text)
         self._say_store_notices()
 
@@ -360,10 +367,18 @@ class ChatFlow(_Base):
         self.notify(f"code block copied ({n} line{'s' * (n != 1)}; click a code block to copy another)")
 
     def action_export(self) -> None:
+        """The chat as Markdown under <data>/exports/: a header (title, model, date, sampling, system prompt), then
+        each message under its role (a stopped reply with its marker)."""
         out = data_dir() / "exports" / f"chat-{self.chat_id}.md"
+        chat = self.chat_id
+        info = self.store.info(chat)
+        made_with, now = (info.model if info else ""), self.model_name       # made with one, answered by another
+        model = f"{made_with}, then {now}" if made_with and now and made_with != now else made_with or now
+        header = export_header(info.title if info else "", model, self.store.sampling(chat).line(),
+                               self.store.system(chat), info.created if info else None)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(self.store.export_markdown(self.chat_id), encoding="utf-8")
+            out.write_text(export_markdown(header, self.store.messages(chat)), encoding="utf-8")
         except OSError as e:
             self.notify(f"could not export the chat: {e}", severity="error", timeout=10)
             return

@@ -4,7 +4,10 @@ changed: a Static's update re-lays out the screen, and during a reply most lines
 uploads) stay the same for seconds.
 
 Values measured at another slot count than the one in force (the last reply's tok/s and split after Ctrl+S, a
-what-if line for other slots) are marked stale: dimmed, with the slot count they were measured at."""
+what-if line for other slots) are marked stale: dimmed, with the slot count they were measured at. An engine that
+counts its routing figures over one window (engine.window_stats: the split, CPU experts and uploads per token, the
+what-if line and the heatmap's miss column, all since the last slot or policy change) says which: the line above the
+split states it, and its split is never stale (it starts again at each change)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ TIPS = {
              "they took), then the engine's figure for the whole reply; the sparkline: recent replies",
     "prompt-speed": "prompt (prefill) tokens/s of the last reply; MTP acceptance",
     "mtp": "MTP drafting: on while its acceptance beats the measured break-even, else off with a probe later",
+    "window": "the split, uploads and CPU experts per token, the what-if line and the heatmap's miss column all "
+              "count the same decode tokens: those since the last slot or policy change (tokens: rows the model "
+              "decoded, MTP verify rows included)",
     "split": "share of the decode expert picks served from slots vs computed from host memory",
     "uploads": "with a dynamic tier (--policy hybrid|dynamic|fetch|fetch-split): expert picks per token served by "
                "the static slots, by the tier and on the CPU, and the misses uploaded into the tier per token "
@@ -42,8 +48,8 @@ TIPS = {
                "a static cache), experts computed on the CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
               "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
-    "heatmap": "one row per layer: label, recent miss share, then its slots coloured by recent hits (merged when "
-               "they do not fit: the header says how many per cell); hover a cell for its experts",
+    "heatmap": "one row per layer: label, miss share (over the window above), then its slots coloured by recent hits "
+               "(merged when they do not fit: the header says how many per cell); hover a cell for its experts",
 }
 
 
@@ -59,6 +65,17 @@ class View:
 
 def slots_of(snap: Snapshot) -> int:
     return len(snap.layers[0].slot_experts) if snap.layers else 0
+
+
+def window_of(snap: Snapshot) -> tuple[str, int] | None:
+    """The window the snapshot's routing figures count: (what began it, decoded tokens in it); None from an engine
+    that keeps none (the tests' fakes)."""
+    return (snap.window_since, snap.window_tokens) if snap.window_since else None
+
+
+def window_line(since: str, tokens: int) -> str:
+    """e.g. "since the slots changed: 37 tokens"."""
+    return f"since {since}: {tokens} token{'' if tokens == 1 else 's'}"
 
 
 def policy(snap: Snapshot) -> str:
@@ -89,6 +106,7 @@ class Inspector(Vertical):
         yield Sparkline([], id="toks-history")
         yield Static("", id="prompt-speed")
         yield Static("", id="mtp")
+        yield Static("", id="window")
         yield SplitBar(id="split")
         yield Static("", id="uploads")
         yield Static("", id="whatif")
@@ -98,6 +116,7 @@ class Inspector(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#mtp").display = False
+        self.query_one("#window").display = False
         for wid, tip in TIPS.items():
             self.query_one(f"#{wid}").tooltip = tip
 
@@ -127,6 +146,11 @@ class Inspector(Vertical):
                   if snap.reread else "")
         self._put("prompt", f"prompt {snap.prompt_tok_s:.0f} tok/s{acc}{reread}", q("#prompt-speed", Static).update)
         self._put("mtp", mtp_line, self._show_mtp)
+        window = window_of(snap)
+        self._put("window", window, self._show_window)
+        # a windowed split counts from the last change: never measured at other slots; an empty one says so
+        self._put("split", (stale and window is None, view.measured_at, window is not None and window[1] == 0),
+                  self._show_split)
         self._put("share", round(snap.gpu_share, 3), lambda v: setattr(q(SplitBar), "share", v))
         core, tier, cpu = snap.split_per_token
         tiered = (f"per token: slots {core:.1f} · tier {tier:.1f} · CPU {cpu:.1f} experts, "
@@ -149,9 +173,17 @@ class Inspector(Vertical):
         self._unit = unit
         self.query_one("#toks-unit", Label).update(unit, layout=len(widths) > 1)   # live on/off: no re-layout
                                                                                    # (same width, fixed height)
+
+    def _show_split(self, v: tuple[bool, int | None, bool]) -> None:
+        stale, at, empty = v
         split = self.query_one(SplitBar)
-        split.set_class(stale, "stale")
-        split.note = f" (at {at} slots)" if stale else ""
+        split.set_class(stale or empty, "stale")
+        split.note = f" (at {at} slots)" if stale else " (no tokens yet)" if empty else ""
+
+    def _show_window(self, v: tuple[str, int] | None) -> None:
+        w = self.query_one("#window", Static)
+        w.update(window_line(*v) if v is not None else "")
+        w.display = v is not None
 
     def _show_whatif(self, v: tuple[str, str, int]) -> None:
         line, repick, now = v

@@ -101,6 +101,16 @@ def keys_of(binding_id: str, keymap: dict[str, str]) -> str:
     raise KeyError(binding_id)
 
 
+WHAT: dict[str, str] = {bid: what for _, rows in GROUPS for bid, _, what in rows if bid}   # binding id -> what
+
+
+def palette_help(binding_id: str, keymap: dict[str, str]) -> str:
+    """A command's second line in the command palette (Ctrl+P): what it does and its keys, e.g. "the chat list:
+    open, rename, delete, search old chats · Ctrl+L". (It was the command's name again, with the keys: every
+    action read as listed twice.)"""
+    return f"{WHAT[binding_id]} · {keys_of(binding_id, keymap)}"
+
+
 def help_rows(keymap: dict[str, str]) -> list[tuple[str, list[HelpRow]]]:
     out = []
     for group, rows in GROUPS:

@@ -9,9 +9,13 @@
 `as_markdown` is what a chat message's Markdown widget gets; the streaming path (tui/stream.py) applies
 `doctest_fences` to each finished block, which starts outside any fence, so the blocks add up to `as_markdown`
 of the whole reply.
+
+Also here: the marker a stopped reply carries (in the pane and in the history), and the Markdown export.
 """
 
 from __future__ import annotations
+
+import time
 
 from markdown_it import MarkdownIt
 
@@ -70,6 +74,18 @@ def doctest_fences(text: str) -> str:
     return "\n".join(out)
 
 
+def open_fence(text: str) -> str:
+    """The marker of the code fence `text` leaves open at its end ("" when none): a reply stopped mid-block."""
+    fence = ""
+    for line in text.split("\n"):
+        m = _fence_marker(line)
+        if not fence:
+            fence = m
+        elif m and m[0] == fence[0] and len(m) >= len(fence) and not line.strip().strip(m[0]):
+            fence = ""
+    return fence
+
+
 def as_markdown(text: str) -> str:
     return doctest_fences(printable(text))
 
@@ -79,3 +95,48 @@ def code_blocks(text: str) -> list[str]:
     on a block copies the same text)."""
     tokens = parser().parse(as_markdown(text))
     return [t.content.removesuffix("\n") for t in tokens if t.type in ("fence", "code_block")]
+
+
+# -- a stopped reply's marker ---------------------------------------------------------------------------------------
+
+STOPPED = "*— stopped*"            # Markdown: drawn as an italic "— stopped" line under the reply's text
+_STOP_TAIL = "\n\n" + STOPPED
+
+
+def mark_stopped(text: str) -> str:
+    """A reply stopped by the user (Esc, Ctrl+C), as the pane shows it and the history keeps it: its text, then the
+    marker on a line of its own. A code fence the reply left open is closed first (else the marker is drawn as
+    code); `unmarked` gives the model the text without the marker (that closing line stays)."""
+    fence = open_fence(text)
+    close = ("" if text.endswith("\n") else "\n") + fence if fence else ""
+    return text + close + _STOP_TAIL
+
+
+def unmarked(text: str) -> str:
+    """A stored reply without the stopped marker (what the model is given back, what Ctrl+Y copies)."""
+    return text.removesuffix(_STOP_TAIL)
+
+
+# -- the Markdown export ----------------------------------------------------------------------------------------
+
+def export_header(title: str, model: str, sampling: str, system: str, started: float | None,
+                  now: float | None = None) -> str:
+    """The export's first lines: the chat's title, model, date (started, exported), sampling, system prompt."""
+    def day(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+    exported = day(time.time() if now is None else now)
+    date = f"{day(started)} (exported {exported})" if started else exported
+    lines = [f"# {title or 'moeslots chat'}", "",
+             f"- **model:** {model or 'unknown'}",
+             f"- **date:** {date}",
+             f"- **sampling:** {sampling}"]
+    if system.strip():
+        lines += ["- **system prompt:**", "", *(f"  > {line}".rstrip() for line in system.strip().split("\n"))]
+    return "\n".join(lines) + "\n"
+
+
+def export_markdown(header: str, messages: list[tuple[str, str]]) -> str:
+    """The whole export: the header, a rule, then each message under its role."""
+    body = [f"## {role}\n\n{content}\n" for role, content in messages]
+    return "\n".join([header, "---\n", *body])

@@ -1,7 +1,8 @@
 """Chat history in SQLite under $XDG_DATA_HOME/moeslots/ (schema version in PRAGMA user_version).
 
-Schema 2 (issue 22) adds each chat's sampling settings (temperature, top-p, seed); a schema-1 file is upgraded in
-place on open. Chats are listed by last activity and searched by title and message text (the chat list, Ctrl+L).
+Schema 2 (issue 22) adds each chat's sampling settings (temperature, top-p, seed), 3 the model a chat was made with,
+4 top-k, min-p, the repeat penalty and its window and max tokens per reply (engine.api.Sampling); an older file is
+upgraded in place on open. Chats are listed by last activity and searched by title and message text (Ctrl+L).
 
 A history that cannot be written never stops the chat (every database call goes through _do): a read-only file or
 folder is opened read-only (copied into memory, so chatting works; nothing is saved, one notice says so); a damaged
@@ -23,10 +24,12 @@ from typing import Callable, TypeVar
 from .. import configfile
 from ..engine.api import Sampling
 
-SCHEMA = 3
+SCHEMA = 4
 TITLE_MAX = 60
 _CORRUPT, _NOTADB = 11, 26          # SQLite's primary result codes for a damaged file / not a database at all
 T = TypeVar("T")
+_TYPED = [(f.name, float if isinstance(f.default, float) else int) for f in dataclasses.fields(Sampling)]
+_SAMPLING = ", ".join(c for c, _ in _TYPED)      # a chat's sampling columns, in Sampling's field order
 
 
 def data_dir() -> Path:
@@ -99,6 +102,18 @@ def _schema(db: sqlite3.Connection, path: Path) -> None:
             BEGIN;
             ALTER TABLE chats ADD COLUMN model TEXT NOT NULL DEFAULT '';
             PRAGMA user_version = 3;
+            COMMIT;
+        """)
+        v = 3
+    if v == 3:                                   # the defaults: as the chat was sampled before (Sampling's)
+        db.executescript("""
+            BEGIN;
+            ALTER TABLE chats ADD COLUMN top_k INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE chats ADD COLUMN min_p REAL NOT NULL DEFAULT 0;
+            ALTER TABLE chats ADD COLUMN repeat_penalty REAL NOT NULL DEFAULT 1;
+            ALTER TABLE chats ADD COLUMN repeat_last_n INTEGER NOT NULL DEFAULT 64;
+            ALTER TABLE chats ADD COLUMN max_tokens INTEGER NOT NULL DEFAULT 0;
+            PRAGMA user_version = 4;
             COMMIT;
         """)
 
@@ -243,9 +258,9 @@ class Store:
 
         def write(db: sqlite3.Connection) -> int:
             with db:
-                cur = db.execute("INSERT INTO chats (title, system, created, temperature, top_p, seed, model) VALUES "
-                                 "(?, ?, ?, ?, ?, ?, ?)",
-                                 ("", system, time.time(), s.temperature, s.top_p, s.seed, model))
+                cur = db.execute(f"INSERT INTO chats (title, system, created, model, {_SAMPLING}) "
+                                 f"VALUES (?, ?, ?, ?{', ?' * len(_TYPED)})",
+                                 ("", system, time.time(), model, *dataclasses.astuple(s)))
             return int(cur.lastrowid or 0)
         return self._do(write)
 
@@ -378,19 +393,19 @@ class Store:
         self._write("UPDATE chats SET system = ? WHERE id = ?", (text, chat))
 
     def sampling(self, chat: int) -> Sampling:
-        row = self._do(lambda db: db.execute("SELECT temperature, top_p, seed FROM chats WHERE id = ?",
-                                             (chat,)).fetchone())
-        if row is None:
+        row = self._do(lambda db: db.execute(f"SELECT {_SAMPLING} FROM chats WHERE id = ?", (chat,)).fetchone())
+        try:                                             # SQLite keeps any type: each as Sampling types it
+            s = Sampling(*(None if v is None else kind(v) for (_, kind), v in zip(_TYPED, row or ())))
+        except (TypeError, ValueError):
             return Sampling()
-        s = Sampling(float(row[0]), float(row[1]), None if row[2] is None else int(row[2]))
-        return Sampling() if s.problem() else s          # a damaged row: greedy, never a crash
+        return Sampling() if s.problem() else s          # a damaged row (or none): greedy, never a crash
 
     def set_sampling(self, chat: int, s: Sampling) -> None:
         problem = s.problem()
         if problem:
             raise ValueError(problem)
-        self._write("UPDATE chats SET temperature = ?, top_p = ?, seed = ? WHERE id = ?",
-                    (s.temperature, s.top_p, s.seed, chat))
+        self._write(f"UPDATE chats SET {', '.join(f'{c} = ?' for c, _ in _TYPED)} WHERE id = ?",
+                    (*dataclasses.astuple(s), chat))
 
     def export_markdown(self, chat: int) -> str:
         out = []

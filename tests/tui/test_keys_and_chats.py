@@ -174,7 +174,7 @@ def test_a_schema_1_history_is_upgraded_in_place(tmp_path: Path) -> None:
     db.close()
     s = Store(p)
     assert s.messages(1) == [("user", "hello"), ("assistant", "hi")] and s.system(1) == "be brief"
-    assert s.sampling(1) == Sampling() and s.db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert s.sampling(1) == Sampling() and s.db.execute("PRAGMA user_version").fetchone()[0] == 4
     assert s.info(1).model == ""                                   # made before chats kept their model
     assert [c.id for c in s.chats("100%")] == [1] and s.chats("1%0") == [] and s.chats("_odd_") != [] and s.chats("o_d") == []
     s.set_sampling(1, Sampling(1.0, 0.5, 3))

@@ -14,7 +14,7 @@ from moeslots.tui.store import Store
 
 def _app(tmp_path: Path, engine: FakeEngine | None = None) -> MoeslotsApp:
     store = Store(tmp_path / "snap.sqlite")
-    chat = store.new_chat()
+    chat = store.new_chat(model="fake-moe.gguf")
     store.add(chat, "user", "explain the LRU policy in two lines")
     store.add(chat, "assistant", "An **LRU** cache evicts the entry used least recently.\n\nIt bets that what was used "
                                  "a moment ago will be used again soon.")

@@ -18,6 +18,7 @@ from textual._xterm_parser import XTermParser
 from textual.events import Key
 from textual.widgets import Digits
 
+from moeslots.tui.mdtext import mark_stopped
 from moeslots.engine.api import Done, TextDelta, TurnStats
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
@@ -83,7 +84,7 @@ async def test_ctrl_c_stops_a_streaming_reply_as_esc_does(store: Store) -> None:
         assert app._cancel.is_set()                                       # stopped at once, as Esc
         await wait_until(pilot, lambda: not app._generating, timeout=30)
         said = " ".join(REPLY.split(" ")[:eng.before])
-        assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", said)]   # cut where it stood
+        assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", mark_stopped(said))]   # cut there
         assert app.query_one(Prompt).text == "round 1"                    # given back, as after Esc
         assert not [n for n in _notes(app) if "quit" in n]                # not Textual's "press ctrl+q to quit"
 
@@ -156,7 +157,7 @@ async def test_esc_and_a_question_typed_at_once_stop_the_reply_and_send_the_ques
         said = " ".join(REPLY.split(" ")[:eng.before])
         eng.gate.set()                              # the next reply runs through
         await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating, timeout=30)
-        assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", said),
+        assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", mark_stopped(said)),
                                                ("user", "round 2"), ("assistant", REPLY)]
         assert not [n for n in app._notifications if n.severity != "information"]    # nothing refused
         assert app.query_one(Prompt).text == ""

@@ -1,5 +1,6 @@
 """The chat pane's widgets: the prompt box, the chat log (follows a streaming reply), a chat message (a streaming
-reply carries a LiveTail; a click on a code block copies it) and the welcome text of an empty chat."""
+reply carries a LiveTail; a click on a code block copies it; code lines wrap at the pane's width, never cut off),
+the welcome text of an empty chat and the start-up notices of a small screen."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
 from textual.message import Message as TMessage
 from textual.widgets import Label, Markdown, Static, TextArea
 from textual.widgets._markdown import MarkdownFence
@@ -17,7 +19,7 @@ from textual.widgets.text_area import Selection
 from ..mdtext import as_markdown, parser, printable
 from ..stream import LiveTail
 
-__all__ = ["ChatLog", "ChatMessage", "Prompt", "Welcome", "printable"]
+__all__ = ["ChatLog", "ChatMessage", "Notices", "Prompt", "Welcome", "printable"]
 
 
 class Prompt(TextArea):
@@ -93,7 +95,9 @@ class ChatMessage(Vertical):
     ChatMessage > .who { color: $text-muted; text-style: bold; }
     ChatMessage.user > .who { color: $accent; }
     ChatMessage > Markdown { margin: 0; padding: 0; }
-    ChatMessage MarkdownFence { margin: 0 0 1 0; }
+    ChatMessage MarkdownFence { margin: 0 0 1 0; overflow-x: hidden; }
+    ChatMessage MarkdownFence > Label { width: 1fr; }   /* code lines wrap (Textual's fence: cut at the width,
+                                                           scrolled sideways with no scroll bar to show it) */
     """
 
     def __init__(self, role: str, text: str = "", streaming: bool = False):
@@ -119,21 +123,58 @@ class ChatMessage(Vertical):
 
 
 class Welcome(Static):
-    """What an empty chat shows: what the app is and the keys that matter."""
+    """What an empty chat shows: what the app is and the keys that matter. Where the inspector is hidden (a narrow
+    terminal, or the toggle key) it says so and names the key that shows it (the app calls show_inspector)."""
 
     DEFAULT_CSS = """
     Welcome { margin: 1 2; padding: 1 2; border: round $accent 50%; height: auto; color: $text; }
     """
 
-    def __init__(self, model: str, profile: str, send: str, stop: str, help: str) -> None:
-        text = (f"[b]moeslots[/b] — a chat with [b]{_esc(model) or 'a local MoE model'}[/b], a Mixture-of-Experts "
-                "model. Each layer's most used experts sit in fast [b]slots[/b] (GPU memory; host memory on a machine "
-                "without a GPU), the rest are computed on the CPU; the inspector (right, Ctrl+T) shows it live: "
-                f"which experts are in slots, how often they hit, tokens/s.  Profile: {_esc(profile)}.\n\n"
+    def __init__(self, model: str, profile: str, send: str, stop: str, help: str, inspector: str = "Ctrl+T",
+                 shown: bool = True) -> None:
+        self._keys = (send, stop, help, inspector)
+        self._model, self._profile = model, profile
+        super().__init__(self._text(shown), id="welcome")
+
+    def show_inspector(self, shown: bool) -> None:
+        self.update(self._text(shown))
+
+    def _text(self, shown: bool) -> str:
+        send, stop, help, insp = self._keys
+        where = (f"the inspector (right; [b]{insp}[/b] hides it) shows it live" if shown else
+                 f"the inspector (hidden now: [b]{insp}[/b] shows it) shows it live")
+        return (f"[b]moeslots[/b] — a chat with [b]{_esc(self._model) or 'a local MoE model'}[/b], a "
+                "Mixture-of-Experts model. Each layer's most used experts sit in fast [b]slots[/b] (GPU memory; host "
+                f"memory on a machine without a GPU), the rest are computed on the CPU; {where}: which experts are in "
+                f"slots, how often they hit, tokens/s.  Profile: {_esc(self._profile)}.\n\n"
                 f"  [b]{send}[/b]  send your question\n"
                 f"  [b]{stop}[/b]  stop the answer\n"
+                f"  [b]{insp}[/b]  show/hide the inspector\n"
                 f"  [b]{help}[/b]  every key (chats, regenerate, sampling, slots…)")
-        super().__init__(text, id="welcome")
+
+
+class Notices(Static):
+    """What the app had to say at start on a small screen, in the chat pane instead of toasts over it (at 80x24
+    five toasts covered half the screen): one line each, cut with … at the pane's width; a click shows them whole
+    (and again: one line each)."""
+
+    DEFAULT_CSS = """
+    Notices { margin: 0 2 1 2; height: auto; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
+    Notices.-whole { text-wrap: wrap; }
+    """
+
+    def __init__(self, lines: list[tuple[str, str]]) -> None:
+        """lines: (text, severity) as App.notify was given them; warnings and errors are marked ⚠."""
+        self.lines = [text for text, _ in lines]
+        content = Content("\n").join(
+            Content.assemble(("⚠ ", "$text-warning") if sev in ("warning", "error") else "· ", printable(text))
+            for text, sev in lines)
+        super().__init__(content, id="notices")
+        self.tooltip = "start-up notices: click to show them whole (or one line each)"
+
+    def on_click(self) -> None:
+        self.toggle_class("-whole")
+        self.refresh(layout=True)                   # (the wrap style alone does not re-measure the height)
 
 
 def _esc(text: str) -> str:
