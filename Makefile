@@ -17,7 +17,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install -q -e '.[dev]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -154,7 +154,12 @@ def describe(f: Found) -> ModelInfo:
                 slot += t.nbytes
                 layers.add(int(m.group(1)))
     error = ""
-    if not arch:
+    short = [(p, p.stat().st_size, hd.data_end) for p, hd in zip(shards, heads) if p.stat().st_size < hd.data_end]
+    if short:
+        p, have, need = short[0]
+        error = (f"cut short: {p.name} has {size_text(have)} of the {size_text(need)} its tensors need (an "
+                 "interrupted download or copy): the engine refuses it")
+    elif not arch:
         error = "no general.architecture: not a model"
     elif n_expert <= 0 or k <= 0:
         error = f"dense model ({arch}): moeslots needs a Mixture-of-Experts model"

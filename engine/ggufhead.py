@@ -32,6 +32,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     ggml_type: int
     nbytes: int
+    offset: int = 0               # in the data section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Header:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
+
+    @property
+    def data_end(self) -> int:
+        """The file size its tensors need: the data section (after the header, aligned) to the last tensor's end."""
+        align = int(self.get("general.alignment", 32) or 32)
+        start = -(-self.end // align) * align
+        return start + max((t.offset + t.nbytes for t in self.tensors), default=0)
 
 
 def _type_sizes() -> dict[int, tuple[int, int]]:
@@ -149,12 +157,12 @@ def _parse(buf: Any, limit: int, path: Path) -> Header:
             raise HeaderError(f"{path}: tensor {name} has {n_dims} dimensions")
         shape = tuple(c.take("<Q") for _ in range(n_dims))
         gtype = c.take("<I")
-        c.take("<Q")                                   # data offset
+        offset = c.take("<Q")                          # in the data section
         block, type_size = sizes.get(gtype, (0, 0))
         n_el = 1
         for d in shape:
             n_el *= d
-        tensors.append(TensorInfo(name, shape, gtype, n_el // block * type_size if block else 0))
+        tensors.append(TensorInfo(name, shape, gtype, n_el // block * type_size if block else 0, offset))
     return Header(version, meta, tuple(tensors), c.off, arrays)
 
 

@@ -75,7 +75,7 @@ def _set_quiet_logging(L: Any) -> None:
         s = text.decode("utf-8", "replace") if text else ""
         _LOG_KEEP.append(s)
         del _LOG_KEEP[:-200]
-        if _LOG_ECHO[0] and (verbose or level >= GGML_LOG_LEVEL_ERROR):
+        if verbose or (_LOG_ECHO[0] and level >= GGML_LOG_LEVEL_ERROR):
             sys.stderr.write(s)
 
     _LOG_CB = L.llama_log_callback(cb)

@@ -143,3 +143,13 @@ def test_record_says_so_when_signalled_before_it_records(tiny_glm: Path, tmp_pat
     assert p.returncode == 128 + signal.SIGTERM, (p.returncode, err[-600:])
     assert "interrupted (SIGTERM): " in err and ("before recording began" in err or "no decode token" in err), err
     assert not out.exists()
+
+
+def test_a_model_the_engine_refuses_is_one_line_of_ours(tiny_glm: Path, tmp_path: Path) -> None:
+    """A GGUF whose header reads but whose data llama.cpp refuses (cut short): our one line, exit 2, and none of
+    llama.cpp's own log lines before it."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_glm.read_bytes()[: tiny_glm.stat().st_size // 2])
+    r = run("chat", str(cut))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("moeslots: ") and "could not load" in r.stderr, r.stderr

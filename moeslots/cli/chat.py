@@ -39,6 +39,9 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     from ..engine.threads import app_threads
 
     native.require_patched()
+    # the engine's own error lines stay out of the terminal: a load that fails says why in one line of ours (from
+    # the kept log), and the app that follows draws the screen (MOESLOTS_VERBOSE=1 shows everything)
+    native.set_log_echo(False)
     pack_host = not native.gpus()
     policy = launch.default_policy(policy, gpu=not pack_host, repick=repick)
     if policy not in POLICIES:

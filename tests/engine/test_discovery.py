@@ -131,3 +131,14 @@ def test_models_command_lists_them(layout: dict, monkeypatch: pytest.MonkeyPatch
     line = next(x for x in out.splitlines() if "own.gguf" in x)
     assert "qwen3moe" in line and "16 (k=4)" in line and "CPU only" in line
     assert cli.main(["models", str(tmp_path / "nope")]) == 2
+
+
+def test_a_file_cut_short_is_listed_as_unusable(tmp_path: Path, tiny_glm: Path) -> None:
+    """A GGUF whose header reads but whose tensor data is cut short (an interrupted download) is listed with the
+    reason, not as fitting: the engine would refuse it."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_glm.read_bytes()[: tiny_glm.stat().st_size - 4096])
+    whole = discovery.describe(discovery.Found(tiny_glm, "cwd", tiny_glm.name))
+    m = discovery.describe(discovery.Found(cut, "cwd", cut.name))
+    assert whole.error == "" and m.error.startswith("cut short: cut.gguf has"), m.error
+    assert discovery.fit(m, None, 64 * GiB).kind == "no"
