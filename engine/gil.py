@@ -23,12 +23,15 @@ CHEAP = (
 )
 
 
+_DONE: set[int] = set()      # the libraries already rebound (one per process: the engine's, loaded once)
+
+
 def hold_gil(module: Any, names: tuple[str, ...] = CHEAP) -> list[str]:
     """Rebind `names` on llama_cpp's module, its CDLL and llama_cpp_ext (which shares that CDLL) to functions that
     keep the GIL; argtypes and restype are copied (those set later on the CDLL land on the new function).
     Returns the names rebound (symbols the library lacks are skipped)."""
     lib = module._lib
-    if getattr(lib, "_moeslots_gil", False):
+    if id(lib) in _DONE:
         return []
     py = ctypes.PyDLL(lib._name, handle=lib._handle)
     try:
@@ -52,7 +55,7 @@ def hold_gil(module: Any, names: tuple[str, ...] = CHEAP) -> list[str]:
             addr = ctypes.cast(fn, ctypes.c_void_p).value
             setattr(ext, name, ctypes.PYFUNCTYPE(fn.restype, *fn.argtypes)(addr))
             done.append(name)
-    lib._moeslots_gil = True
+    _DONE.add(id(lib))
     return sorted(set(done))
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import configfile
+from ..profiles.policy import POLICIES
 
 
 APP_KEYS: dict[str, type | tuple[type, ...]] = {
     "model": str, "profile": str, "slots": (str, int), "mtp": bool, "mmap": bool, "auto_profile": bool,
-    "model_dirs": list, "last_model": str}
+    "model_dirs": list, "last_model": str, "policy": str}
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,8 @@ def load(p: Path | None = None) -> dict[str, Any]:
             raise ConfigError(f"{p}: unknown key app.{k} (known: {', '.join(APP_KEYS)})")
         if not isinstance(v, APP_KEYS[k]) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
             raise ConfigError(f"{p}: app.{k} has the wrong type")
+        if k == "policy" and v not in POLICIES:
+            raise ConfigError(f"{p}: app.policy is one of {', '.join(POLICIES)}, not {v!r}")
     km = cfg.get("keymap", {})
     if not isinstance(km, dict) or not all(isinstance(v, str) for v in km.values()):
         raise ConfigError(f"{p}: [keymap] maps binding ids to key strings")

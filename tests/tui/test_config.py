@@ -30,3 +30,17 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, needle: str) -
     p.write_text(text)
     with pytest.raises(config.ConfigError, match=needle):
         config.load(p)
+
+
+def test_the_policy_can_be_set_in_the_config(tmp_path) -> None:  # noqa: ANN001
+    """[app] policy (read by `moeslots chat` as its default) is a known key; a policy that is none is one line."""
+    import pytest
+
+    from moeslots.tui import config
+
+    p = tmp_path / "config.toml"
+    p.write_text('[app]\npolicy = "fetch"\n')
+    assert config.load(p)["app"]["policy"] == "fetch"
+    p.write_text('[app]\npolicy = "lru"\n')
+    with pytest.raises(config.ConfigError, match="app.policy is one of static"):
+        config.load(p)
