@@ -29,7 +29,7 @@ from . import slots as slots_mod
 from . import stats as stats_mod
 from .api import Done, EngineConfig, LayerSnapshot, Message, Sampling, Snapshot, TextDelta, TurnStats
 from .cache import SlotPlan
-from .errors import EngineError
+from .errors import EngineError, refuse_closed
 from .model import Context, Detokenizer, LoadOptions, Model, default_threads
 from . import mtp as mtp_mod
 from .mtp import MTP, sample
@@ -58,6 +58,7 @@ class Engine:
         cache_mod.set_async(cfg.async_cpu)
         self._lock = threading.RLock()
         self._busy = threading.Lock()
+        self._closed = False                        # after close(): every call raises ClosedError (engine.errors)
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         model_mod.track(self, model_mod.ENGINE)
         load = hardware.resolve_mmap(cfg.mmap, discovery.expert_bytes(cfg.model))
@@ -113,6 +114,7 @@ class Engine:
     def set_slots(self, plan_or_n: Union[int, str, SlotPlan, None]) -> str:
         """Between generations. On error the previous plan is restored (if it still fits) and the error raised.
         Returns the load line ("auto": and why that many)."""
+        refuse_closed(self._closed, "this engine")
         plan = self._resolve_plan(plan_or_n)
         if not self._busy.acquire(blocking=False):
             raise EngineError("cannot change slots while generating: stop the reply first")
@@ -192,6 +194,7 @@ class Engine:
 
     def set_repick(self, every: int, swaps: int | None = None, *, auto: bool = False) -> str:
         """Re-pick every `every` decode tokens (0: static); ends `--repick auto`'s decisions unless auto."""
+        refuse_closed(self._closed, "this engine")
         return self.residency.set_repick(every, swaps, auto=auto)
 
     def set_repick_auto(self, cost: "CostModel | None" = None) -> str:
@@ -201,11 +204,13 @@ class Engine:
     # -- chat ------------------------------------------------------------------------------------------------
 
     def render_prompt(self, messages: Sequence[Message]) -> str:
+        refuse_closed(self._closed, "this engine")     # (the template is read from the freed model)
         return render_chat(self.model, messages)
 
     def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
              max_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[Union[TextDelta, Done]]:
         """A reply, streamed. sampling: this reply's (None: greedy, or EngineConfig.temperature)."""
+        refuse_closed(self._closed, "this engine")
         s = sampling or Sampling(self.cfg.temperature)
         if s.problem():
             raise EngineError(f"sampling: {s.problem()}")
@@ -260,6 +265,7 @@ class Engine:
             if cancel.is_set():
                 cancelled = True
                 break
+            refuse_closed(self._closed, "this engine")    # close() meanwhile: this reply stops (a flag per token)
             if m.is_eog(x) or ctx.n_past + 2 + (self.mtp.n_draft if self.mtp else 0) >= ctx.n_ctx:
                 break
             if self.mtp is not None:
@@ -314,6 +320,7 @@ class Engine:
         return sample(logits, s, rng, recent=self._tokens, mtp=self.mtp)   # the penalty reads the tokens so far
 
     def new_chat(self) -> None:
+        refuse_closed(self._closed, "this engine")
         with self._busy:
             self.ctx.reset()
             if self.mtp is not None:
@@ -323,6 +330,7 @@ class Engine:
             self._window.reset()
 
     def start_recording(self) -> None:
+        refuse_closed(self._closed, "this engine")
         with self._lock:
             self._rec = Recorder()
 
@@ -336,6 +344,7 @@ class Engine:
 
     def stop_recording(self, path: Path) -> Trace:
         """Write what was recorded (atomically) and stop; returns the trace."""
+        refuse_closed(self._closed, "this engine")
         with self._lock:
             rec = stop_recorder(self._rec, path)        # (an empty recording is refused and goes on)
             self._rec = None
@@ -350,6 +359,7 @@ class Engine:
     # -- snapshot --------------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        refuse_closed(self._closed, "this engine")
         with self._lock:
             plan, f, ptr, res = self._plan, self.model.facts, self.ctx.ptr, self.residency
             st = self._recent.update(lambda rows: stats_mod.read(ptr, self.model.n_layer_all, f.n_expert,
@@ -382,6 +392,7 @@ class Engine:
         self._close_after(2.0, leave=True)
 
     def _close_after(self, timeout: float, *, leave: bool) -> None:
+        self._closed = True            # first: a reply generating on another thread stops at its next token
         busy = getattr(self, "_busy", None)
         got = busy.acquire(timeout=timeout) if busy is not None else False
         if leave and busy is not None and not got:

@@ -19,3 +19,14 @@ class BuildError(RuntimeError):
 
 class PatchError(BuildError):
     """A patch of the series does not apply."""
+
+
+class ClosedError(EngineError):
+    """A model, context, MTP draft context or engine used after its close(): refused with this error where the native
+    call would read freed memory and crash the process (the message: "the model is closed", "this engine is closed")."""
+
+
+def refuse_closed(closed: bool, what: str) -> None:
+    """Raise ClosedError("<what> is closed") when closed: one flag check, cheap enough for every call."""
+    if closed:
+        raise ClosedError(f"{what} is closed")

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from . import native
-from .errors import EngineError, ModelError
+from . import cache, native, stats
+from .errors import ClosedError, EngineError, ModelError
 
 if TYPE_CHECKING:
     from .cache import SlotPlan
@@ -192,21 +192,27 @@ class Model:
     def set_slots(self, plan: "SlotPlan", *, pack_host: bool = False, max_bytes: int = 0, spare: bool = False) -> str:
         """Configure the static expert cache (between generations); returns the engine's load line.
         Contexts keep working: their graphs are rebuilt on the next decode."""
-        from . import cache
-
         try:
-            self.cache_line = cache.configure(self.ptr, self.n_layer_all, plan, pack_host=pack_host,
+            self.cache_line = cache.configure(self.live(), self.n_layer_all, plan, pack_host=pack_host,
                                               max_bytes=max_bytes, spare=spare)
         except cache.CacheError:
             self.cache_line = "expert cache: off"
             raise
         return self.cache_line
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            if native.hasattr_symbol(self._L._lib, "llama_moeslots_cache_clear"):
-                from . import cache
+    def live(self) -> Any:
+        """The model's handle; after close(), ClosedError instead of a call into freed memory (a crash)."""
+        if not self.ptr:
+            raise ClosedError("the model is closed")
+        return self.ptr
 
+    def close(self) -> None:
+        """Also closes what was built on it first (MTP drafts, then contexts: llama.cpp frees them before their
+        model; left open they would point into freed memory, and their own close or __del__ would crash)."""
+        if getattr(self, "ptr", None):
+            for obj in [o for rank in (DRAFT, CONTEXT) for o in list(_OPEN[rank]) if o.model is self]:
+                obj.close()         # (a user's later call on one raises ClosedError: "the model is closed")
+            if native.hasattr_symbol(self._L._lib, "llama_moeslots_cache_clear"):
                 cache.clear(self.ptr)   # (llama_model_free frees it too; clearing first keeps the order explicit)
             self._L.llama_model_free(self.ptr)
             self.ptr = None
@@ -227,6 +233,7 @@ class Model:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         L = self._L
+        self.live()                     # (the vocab is freed with the model)
         raw = text.encode("utf-8")
         n_max = len(raw) + 16
         buf = (L.llama_token * n_max)()
@@ -238,6 +245,7 @@ class Model:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         L = self._L
+        self.live()
         buf = ctypes.create_string_buffer(64)
         n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
@@ -246,6 +254,7 @@ class Model:
         return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
+        self.live()
         return bool(self._L.llama_vocab_is_eog(self.vocab, token))
 
 
@@ -299,7 +308,7 @@ class Context:
             cp.cb_eval = cb_eval
             cp.cb_eval_user_data = None
         self.n_ctx, self.n_batch = n_ctx, n_batch
-        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        self.ptr = L.llama_init_from_model(model.live(), cp)
         if not self.ptr:
             why = native.recent_log(6).strip().splitlines()
             raise EngineError(f"could not create a context (n_ctx {n_ctx}): {why[-1] if why else 'unknown'}")
@@ -313,25 +322,27 @@ class Context:
 
     def enable_stats(self, ring_rows: int = 4096) -> None:
         """Native routing stats for this context (per (layer, expert) picks, hits/misses, a ring of rows)."""
-        from . import stats
-
-        stats.enable(self.ptr, ring_rows)
+        stats.enable(self.live(), ring_rows)
         self.stats_ring = ring_rows
 
     def disable_stats(self) -> None:
-        from . import stats
-
-        stats.disable(self.ptr)
+        stats.disable(self.live())
         self.stats_ring = -1
 
     def read_stats(self) -> "RoutingStats":
-        from . import stats
-
         f = self.model.facts
-        return stats.read(self.ptr, self.model.n_layer_all, f.n_expert, f.n_expert_used, self.stats_ring)
+        return stats.read(self.live(), self.model.n_layer_all, f.n_expert, f.n_expert_used, self.stats_ring)
+
+    def live(self) -> Any:
+        """The context's handle; after its close() or its model's (which closes it first), ClosedError."""
+        if not self.ptr:
+            raise ClosedError("the model is closed" if not self.model.ptr else "the context is closed")
+        return self.ptr
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
+            for d in [o for o in list(_OPEN[DRAFT]) if o.target is self]:
+                d.close()           # its MTP draft first: the draft reads this context's state (ctx_other)
             self._L.llama_batch_free(self._batch)
             self._L.llama_free(self.ptr)
             self.ptr = None
@@ -349,7 +360,7 @@ class Context:
             pass
 
     def reset(self) -> None:
-        mem = self._L.llama_get_memory(self.ptr)
+        mem = self._L.llama_get_memory(self.live())
         self._L.llama_memory_clear(mem, True)
         self.n_past = 0
 
@@ -363,7 +374,7 @@ class Context:
 
     def truncate(self, pos: int) -> None:
         """Forget positions >= pos of seq 0 (KV and n_past): prefix reuse, rejected drafts."""
-        if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.ptr), 0, pos, -1):
+        if not self._L.llama_memory_seq_rm(self._L.llama_get_memory(self.live()), 0, pos, -1):
             raise EngineError(f"could not roll the context back to position {pos}"
                               + (" (recurrent memory keeps no state that far back)" if self.model.recurrent else ""))
         self.n_past = min(self.n_past, pos)
@@ -371,6 +382,7 @@ class Context:
     def decode(self, tokens: Sequence[int], *, all_logits: bool = False, prompt: bool = False) -> None:
         """Append tokens to seq 0 in n_batch chunks; logits for the last token (or for every token).
         prompt: the routing stats count these rows as prompt rows (else decode rows)."""
+        ptr = self.live()           # (one check per call: a closed context raises rather than crash)
         if self.n_past + len(tokens) > self.n_ctx:
             raise EngineError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
         L, b = self._L, self._batch
@@ -385,10 +397,8 @@ class Context:
                 b.seq_id[i][0] = 0
                 b.logits[i] = 1 if all_logits or (last_chunk and i == len(chunk) - 1) else 0
             if self.stats_ring >= 0:
-                from . import stats
-
-                stats.mark_batch(self.ptr, self.n_past, len(chunk), prompt)
-            rc = L.llama_decode(self.ptr, b)
+                stats.mark_batch(ptr, self.n_past, len(chunk), prompt)
+            rc = L.llama_decode(ptr, b)
             if rc != 0:
                 raise EngineError(f"llama_decode failed with code {rc}")
             if self.on_chunk is not None:
@@ -397,12 +407,10 @@ class Context:
 
     def graph_splits(self) -> int:
         """Backend runs (splits) of the last computed graph; each boundary is a synchronisation."""
-        from . import cache
-
-        return cache.graph_splits(self.ptr)
+        return cache.graph_splits(self.live())
 
     def logits(self, i: int = -1) -> np.ndarray:
-        p = self._L.llama_get_logits_ith(self.ptr, i)
+        p = self._L.llama_get_logits_ith(self.live(), i)
         return np.ctypeslib.as_array(p, shape=(self.model.n_vocab,))
 
     def argmax(self, i: int = -1) -> int:

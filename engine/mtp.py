@@ -14,14 +14,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import model as model_mod
 from . import native
 from .api import Sampling
-from .errors import EngineError
+from .errors import ClosedError, EngineError
 from .model import Context, Model, default_threads
 
 
@@ -67,9 +67,9 @@ class MTP:
         cp.n_batch = cp.n_ubatch = target.n_batch
         cp.n_threads = cp.n_threads_batch = threads or default_threads()
         cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
-        cp.ctx_other = target.ptr
+        cp.ctx_other = target.live()           # (a closed target or model: ClosedError, not a crash)
         cp.no_perf = True
-        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        self.ptr = L.llama_init_from_model(model.live(), cp)
         if not self.ptr:
             raise EngineError(f"could not create the MTP draft context: {native.recent_log(3).strip()}")
         ext = _ext()
@@ -88,6 +88,15 @@ class MTP:
         target.on_chunk = self._after_target_chunk
         model_mod.track(self, model_mod.DRAFT)
 
+    def live(self) -> Any:
+        """The draft context's handle. After close() — its own, its target's or its model's (those close it first:
+        it reads the target's state and the model's weights) — ClosedError instead of a crash."""
+        if not self.ptr:
+            raise ClosedError("the model is closed" if not self.model.ptr else
+                              "the MTP draft's target context is closed" if not self.target.ptr else
+                              "the MTP draft context is closed")
+        return self.ptr
+
     def close(self) -> None:
         if getattr(self, "ptr", None):
             self.target.on_chunk = None
@@ -105,13 +114,13 @@ class MTP:
 
     def truncate(self, pos: int) -> None:
         """Forget draft positions >= pos (drafts just made, a rollback, a cancel or a new turn)."""
-        if not self.L.llama_memory_seq_rm(self.L.llama_get_memory(self.ptr), 0, pos, -1):
+        if not self.L.llama_memory_seq_rm(self.L.llama_get_memory(self.live()), 0, pos, -1):
             raise EngineError("the MTP draft context could not roll back its KV cache")
         self.fed = min(self.fed, pos)
 
     def feed(self, tokens: Sequence[int], upto: int) -> None:
         """Feed draft rows for positions fed..upto-1 (token p with h[p-1]); tokens[p] is the token at p."""
-        L, b = self.L, self._batch
+        L, b, ptr = self.L, self._batch, self.live()
         while self.fed < upto:
             n = min(self.n_batch, upto - self.fed)
             b.n_tokens = n
@@ -129,14 +138,14 @@ class MTP:
             else:
                 emb[:] = self.h[lo - 1:lo - 1 + n]
             ctypes.memmove(b.embd, emb.ctypes.data, emb.nbytes)
-            rc = L.llama_decode(self.ptr, b)
+            rc = L.llama_decode(ptr, b)
             if rc != 0:
                 raise EngineError(f"MTP draft decode failed ({rc})")
             self.fed += n
 
     def _draft_one(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Decode one draft row; returns (the draft's logits, its hidden state for the next draft row)."""
-        L, b = self.L, self._batch
+        L, b, ptr = self.L, self._batch, self.live()
         b.n_tokens = 1
         self._tok[0] = token
         b.pos[0] = pos
@@ -144,11 +153,11 @@ class MTP:
         b.seq_id[0][0] = 0
         b.logits[0] = 1
         ctypes.memmove(b.embd, np.ascontiguousarray(h, np.float32).ctypes.data, self.n_embd * 4)
-        rc = L.llama_decode(self.ptr, b)
+        rc = L.llama_decode(ptr, b)
         if rc != 0:
             raise EngineError(f"MTP draft decode failed ({rc})")
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ptr, -1), shape=(self.model.n_vocab,))
-        h_next = np.ctypeslib.as_array(_ext().llama_get_embeddings_nextn_ith(self.ptr, 0), shape=(self.n_embd,))
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ptr, -1), shape=(self.model.n_vocab,))
+        h_next = np.ctypeslib.as_array(_ext().llama_get_embeddings_nextn_ith(ptr, 0), shape=(self.n_embd,))
         return logits.copy(), h_next.copy()
 
     # -- one speculative step ------------------------------------------------------------------------------------
@@ -165,6 +174,7 @@ class MTP:
         is distributed exactly as sampling the target alone. top_p < 1 cuts p and q to their nuclei first (the
         same rule holds for any p and q). self.rules' penalty, top-k and min-p reshape every row's logits first,
         each row's recent tokens being history, x and the drafts before it (sample()'s rules, row by row)."""
+        self.live()                 # (before the assert below: a closed target's n_past is stale)
         ctx = self.target
         n = ctx.n_past
         assert n == len(history), (n, len(history))
