@@ -147,7 +147,7 @@ class AutoProfile:
                 self.notify(f"slots planned from your first prompt: {n} of {eng.model.facts.n_expert} per layer")
             else:
                 self.plan_first_prompt = False        # nothing to plan (no GPU and no --slots): record only
-        elif self.tokens >= MIN_TOKENS and eng._plan is self.planned:   # the user has not changed the slots since
+        elif self.tokens >= MIN_TOKENS and eng.state.plan is self.planned:   # the user has not changed the slots since
             self.replanned = True
             if self._apply(eng, np.concatenate(self.rows), self.planned.slots_per_layer):
                 self.notify(f"slots planned again from this chat's first {self.tokens} decode tokens")
@@ -178,7 +178,7 @@ class AutoProfile:
         if eng.cfg.profile is None:
             eng.residency.auto.prompt_routing(rows)      # what `--policy auto` scores until a profile is saved
         try:
-            eng._apply_plan(plan)
+            eng.apply_plan(plan)
         except EngineError as e:
             self.notify(f"slots not planned: {e}")
             return False
@@ -199,7 +199,7 @@ class AutoProfile:
                 self.notify(f"profile for this model saved: {_tilde(path)} ({t.decode_tokens} decode tokens); the "
                             "next session starts with it")
             self.saved_tokens = tokens
-            with eng._lock:                           # the generating thread replaces cfg under it too
+            with eng.state.lock:                           # the generating thread replaces cfg under it too
                 if eng.cfg.profile is None:
                     eng.use_profile(path)             # Ctrl+S (a number or auto) now plans from it
 

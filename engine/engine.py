@@ -36,6 +36,7 @@ from .mtp import MTP, sample
 from .mtp_auto import AdaptiveMTP
 from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
+from .state import EngineState
 from .slots import plan_from_profile
 from .template import generation_start, render_chat
 
@@ -56,8 +57,7 @@ class Engine:
         self.progress_cb, self._progress = progress, ""
         self._clock: Callable[[], float] = time.perf_counter   # the replies' timing (auto's check reads it)
         cache_mod.set_async(cfg.async_cpu)
-        self._lock = threading.RLock()
-        self._busy = threading.Lock()
+        self.state = EngineState()                  # plan, counters, locks: shared with the parts, one owner
         self._closed = False                        # after close(): every call raises ClosedError (engine.errors)
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         model_mod.track(self, model_mod.ENGINE)
@@ -80,17 +80,13 @@ class Engine:
             self.close()
             raise
         self._tokens: list[int] = []                 # what the KV cache holds
-        self._plan = SlotPlan({})
         self._tok_s: deque[float] = deque(maxlen=32)
         self._prompt_tok_s = 0.0
-        self._decode_tokens = 0
-        self._upload_bytes = 0
-        self._generating = False
         self._rng = np.random.default_rng(cfg.seed)
         self._turn = (Sampling(cfg.temperature), self._rng)   # this reply's sampling and its draws (chat())
         self.load_line = "expert cache: off"
         self._rec: Recorder | None = None             # routing rows recorded so far (while recording)
-        self._since = window_stats.Window(self.model.facts, self.model.n_layer_all)  # the inspector's figures' window
+        self.counts_window = window_stats.Window(self.model.facts, self.model.n_layer_all)  # the inspector's figures' window
         self._recent = recent_mod.RecentCounts(self.model.n_layer_all, self.model.facts.n_expert,
                                                self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
         self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
@@ -116,16 +112,16 @@ class Engine:
         Returns the load line ("auto": and why that many)."""
         refuse_closed(self._closed, "this engine")
         plan = self._resolve_plan(plan_or_n)
-        if not self._busy.acquire(blocking=False):
+        if not self.state.busy.acquire(blocking=False):
             raise EngineError("cannot change slots while generating: stop the reply first")
         try:
-            return self._apply_plan(plan) + (f"; {self.explain_slots(auto=True)}" if plan_or_n == "auto" else "")
+            return self.apply_plan(plan) + (f"; {self.explain_slots(auto=True)}" if plan_or_n == "auto" else "")
         finally:
-            self._busy.release()
+            self.state.busy.release()
 
-    def _apply_plan(self, plan: SlotPlan) -> str:
-        """set_slots' work, for a caller holding _busy (autoprofile plans between a prompt and its reply)."""
-        old = self._plan
+    def apply_plan(self, plan: SlotPlan) -> str:
+        """set_slots' work, for a caller holding state.busy (autoprofile plans between a prompt and its reply)."""
+        old = self.state.plan
         self.residency.drain()
         spare = self.residency.wants_spare(plan)         # (and the policy for this plan: engine.residency)
         try:
@@ -134,14 +130,16 @@ class Engine:
             try:
                 self.load_line = self.model.set_slots(old, pack_host=self.cfg.pack_host, spare=spare)
             except cache_mod.CacheError:
-                self._plan, self.load_line = SlotPlan({}), "expert cache: off"
+                self.state.set_plan(SlotPlan({}))
+                self.load_line = "expert cache: off"
             raise
         st = self.ctx.read_stats()      # a new window of figures; its what-if: the new plan on the recent routing
         est = whatif_line(st, plan, self.model.facts.n_expert, measured=False) or ""
-        with self._lock:
-            self._plan, self.load_line = plan, line
+        with self.state.lock:
+            self.state.set_plan(plan)
+            self.load_line = line
             self.residency.plan_applied(plan, spare)
-            self._since.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS, self._upload_bytes, est)
+            self.counts_window.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS, self.state.upload_bytes, est)
         return line
 
     def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
@@ -163,14 +161,14 @@ class Engine:
 
     def say_progress(self, line: str) -> None:
         """A step of long work (the first-run calibration): the snapshot's progress line ("" when done)."""
-        with self._lock:
+        with self.state.lock:
             self._progress = line
         if self.progress_cb is not None and line:
             self.progress_cb(line)
 
     def explain_slots(self, auto: bool = False) -> str:
         """One line on the slot count in use: what fits (auto: why that many), what the active profile predicts."""
-        return slots_mod.explain(self.model, self._plan, pack_host=self.cfg.pack_host, profile=self.cfg.profile,
+        return slots_mod.explain(self.model, self.state.plan, pack_host=self.cfg.pack_host, profile=self.cfg.profile,
                                  costs=self.cost_model, auto=auto)
 
     def slots_info(self) -> str:
@@ -188,7 +186,7 @@ class Engine:
 
     def profile_overlap(self, path: Path) -> float | None:
         """Mean per-layer overlap of the top-S sets of `path` and the active profile at the current S."""
-        return slots_mod.profile_overlap(self.model, self._plan, self.cfg.profile, Path(path))
+        return slots_mod.profile_overlap(self.model, self.state.plan, self.cfg.profile, Path(path))
 
     # -- residency (engine.residency) -------------------------------------------------------------------------
 
@@ -214,18 +212,18 @@ class Engine:
         s = sampling or Sampling(self.cfg.temperature)
         if s.problem():
             raise EngineError(f"sampling: {s.problem()}")
-        if not self._busy.acquire(blocking=False):
+        if not self.state.busy.acquire(blocking=False):
             raise EngineError("a reply is already being generated")
         try:
-            with self._lock:
-                self._generating = True
+            with self.state.lock:
+                self.state.set_generating(True)
             self._turn = (s, self._rng if s.seed is None else np.random.default_rng(s.seed))
             yield from self._chat(messages, cancel or threading.Event(), max_tokens or self.cfg.max_tokens)
         finally:
-            with self._lock:
-                self._generating = False
+            with self.state.lock:
+                self.state.set_generating(False)
                 self.residency.generation_ended()
-            self._busy.release()
+            self.state.busy.release()
 
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
@@ -242,7 +240,7 @@ class Engine:
         p = recurrent.keep_prefix(self.ctx, self.mtp, self._ckpts, p, had)
         reread = p == 0 and had > 0
         self._tokens = toks[:p]
-        with self._lock:
+        with self.state.lock:
             self._reread = reread
         st_before = ctx.read_stats() if self._rec is not None or self._auto is not None else None
         t0 = self._clock()
@@ -296,22 +294,22 @@ class Engine:
         t2 = self._clock()
         st1 = ctx.read_stats()
         if st_before is not None:
-            with self._lock:
+            with self.state.lock:
                 if self._rec is not None:                       # (still) recording
                     self._rec.keep(st_before, st1, m.facts.n_expert_used, n, end=len(toks) + n)
         if self._auto is not None and st_before is not None:
             self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
-            self._since.after_reply(st1, self._plan)     # the what-if line: here, not in snapshot() (the UI thread)
-            self.residency.after_reply(st1, self._decode_tokens + n, n, t2 - t1)
+            self.counts_window.after_reply(st1, self.state.plan)     # the what-if line: here, not in snapshot() (the UI thread)
+            self.residency.after_reply(st1, self.state.decode_tokens + n, n, t2 - t1)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
-        with self._lock:
+        with self.state.lock:
             if n:
                 self._tok_s.append(n / (t2 - t1))
             self._prompt_tok_s = (len(toks) - p) / (t1 - t0) if t1 > t0 else 0.0
-            self._decode_tokens += n
-            self._upload_bytes += stats_mod.weight_copy_bytes() - b0
+            self.state.add_decoded(n)
+            self.state.add_uploads(stats_mod.weight_copy_bytes() - b0)
         yield Done(TurnStats(len(toks) - p, t1 - t0, n, t2 - t1, cancelled,
                              hits / (hits + miss) if hits + miss else 0.0, reread, dropped, ctx.n_ctx), "".join(text))
 
@@ -321,7 +319,7 @@ class Engine:
 
     def new_chat(self) -> None:
         refuse_closed(self._closed, "this engine")
-        with self._busy:
+        with self.state.busy:
             self.ctx.reset()
             if self.mtp is not None:
                 self.mtp.truncate(0)
@@ -331,7 +329,7 @@ class Engine:
 
     def start_recording(self) -> None:
         refuse_closed(self._closed, "this engine")
-        with self._lock:
+        with self.state.lock:
             self._rec = Recorder()
 
     @property
@@ -345,7 +343,7 @@ class Engine:
     def stop_recording(self, path: Path) -> Trace:
         """Write what was recorded (atomically) and stop; returns the trace."""
         refuse_closed(self._closed, "this engine")
-        with self._lock:
+        with self.state.lock:
             rec = stop_recorder(self._rec, path)        # (an empty recording is refused and goes on)
             self._rec = None
         t = rec.trace(self.routing_meta(rec.tokens), self.model.facts.n_expert_used)
@@ -360,11 +358,11 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         refuse_closed(self._closed, "this engine")
-        with self._lock:
-            plan, f, ptr, res = self._plan, self.model.facts, self.ctx.ptr, self.residency
+        with self.state.lock:
+            plan, f, ptr, res = self.state.plan, self.model.facts, self.ctx.ptr, self.residency
             st = self._recent.update(lambda rows: stats_mod.read(ptr, self.model.n_layer_all, f.n_expert,
                                                                  f.n_expert_used, rows))   # the new rows only
-            w = self._since.figures(st, self._upload_bytes)     # every routing figure: since the last change
+            w = self.counts_window.figures(st, self.state.upload_bytes)     # every routing figure: since the last change
             layers = [LayerSnapshot(*v) for v in w.layer_views(self._recent.counts, plan.slots_of)]
             fields = res.snapshot_fields(w)
             return Snapshot(
@@ -377,7 +375,7 @@ class Engine:
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 mtp_line=self.mtp_auto.line() if self.mtp_auto else ("MTP on (always)" if self.mtp else ""),
                 pack_bytes=cache_mod.pack_bytes(self.model.ptr), recording=self._rec is not None,
-                generating=self._generating, repicks=res.repicks, repick_swaps=res.swaps,
+                generating=self.state.generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
                 reread=self._reread, n_expert=f.n_expert, progress=self._progress, **fields)
 
@@ -393,7 +391,7 @@ class Engine:
 
     def _close_after(self, timeout: float, *, leave: bool) -> None:
         self._closed = True            # first: a reply generating on another thread stops at its next token
-        busy = getattr(self, "_busy", None)
+        busy = self.state.busy if hasattr(self, "state") else None
         got = busy.acquire(timeout=timeout) if busy is not None else False
         if leave and busy is not None and not got:
             model_mod.untrack(getattr(self, "mtp", None), getattr(self, "ctx", None), getattr(self, "model", None))
@@ -409,7 +407,7 @@ class Engine:
             self._auto.close()                         # the last reply's profile save finishes first
         if getattr(self, "residency", None) is not None:
             self.residency.close()
-        with self._lock:
+        with self.state.lock:
             if getattr(self, "mtp", None) is not None:
                 self.mtp.close()
                 self.mtp = None

@@ -71,7 +71,7 @@ class Residency:
         return self._overlapped_repicks()
 
     def wants_spare(self, plan: SlotPlan) -> bool:
-        """Before a plan is configured (Engine._apply_plan): decide the policy for it (`auto`: simulated on the
+        """Before a plan is configured (Engine.apply_plan): decide the policy for it (`auto`: simulated on the
         profile under this machine's costs) and say whether the packs need a spare entry (overlapped copies)."""
         cfg = self.eng.cfg
         if cfg.policy not in policy_mod.POLICIES:
@@ -100,11 +100,11 @@ class Residency:
         return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
 
     def plan_applied(self, plan: SlotPlan, spare: bool) -> None:
-        """A new plan is in (Engine._apply_plan, under the engine's lock): live auto scores from it on; the tier
+        """A new plan is in (Engine.apply_plan, under the engine's lock): live auto scores from it on; the tier
         (if any) starts from it."""
         self.spare = spare
         if self.auto_mark is not None:
-            self.auto_mark = (self.eng._decode_tokens, plan)
+            self.auto_mark = (self.eng.state.decode_tokens, plan)
         self._close_tier()
         if self.end_tier_pending:                 # F3 while this plan went in: no tier for it
             self._end_tier()
@@ -127,34 +127,34 @@ class Residency:
                     "tier_slots": t.tier,
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
                     "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}
-        return {"policy": "static", "policy_line": self.policy_line if self.eng._plan.layers else "",
+        return {"policy": "static", "policy_line": self.policy_line if self.eng.state.plan.layers else "",
                 "split_per_token": w.split_per_token}
 
     def _end_tier(self) -> None:
-        """The tier gives its slots to re-picks (eng._lock held, no decode running): the plan it left, static."""
+        """The tier gives its slots to re-picks (eng.state.lock held, no decode running): the plan it left, static."""
         eng = self.eng
         self.end_tier_pending = False
         if self.tier is not None:
-            eng._plan = self.tier.refresh()       # from what the tier left in the slots (nothing is in flight)
+            eng.state.set_plan(self.tier.refresh())  # from what the tier left in the slots (nothing is in flight)
             self._close_tier()
         eng.cfg = dataclasses.replace(eng.cfg, policy="static")
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
         self._new_window()
 
     def _new_window(self) -> None:
-        """The policy changed (eng._lock held): the inspector's figures count from here (engine.window_stats)."""
+        """The policy changed (eng.state.lock held): the inspector's figures count from here (engine.window_stats)."""
         eng = self.eng
-        eng._since.mark(eng.ctx.read_stats(), POLICY, eng._upload_bytes)
+        eng.counts_window.mark(eng.ctx.read_stats(), POLICY, eng.state.upload_bytes)
 
     def generation_ended(self) -> None:
-        """The reply's decodes are done (eng._lock held): a tier end asked for during them happens now; a GPU-stepped
+        """The reply's decodes are done (eng.state.lock held): a tier end asked for during them happens now; a GPU-stepped
         tier's counts (read every few tokens while decoding) are read up to the reply's last token."""
         if self.end_tier_pending:
             self._end_tier()
         elif self.tier is not None and self.tier.device:
             plan = self._read_tier(0, force=True)
             if plan is not None:
-                self.eng._plan = plan
+                self.eng.state.set_plan(plan)
 
     def _read_tier(self, n_new: int, *, force: bool) -> SlotPlan | None:
         """The tier's counts since it was last read (a GPU-stepped one's every few tokens, or now with force), the
@@ -162,7 +162,7 @@ class Residency:
         assert self.tier is not None
         before = self.tier.counts.bytes
         plan = self.tier.step(n_new, force=force)
-        self.eng._upload_bytes += self.tier.counts.bytes - before
+        self.eng.state.add_uploads(self.tier.counts.bytes - before)
         return plan
 
     def _close_tier(self) -> None:
@@ -179,9 +179,9 @@ class Residency:
         if every < 0:
             raise EngineError("re-pick interval must be >= 0")
         back = ""
-        with eng._lock:                           # the app's thread (F3) and the generating one (live auto)
+        with eng.state.lock:                           # the app's thread (F3) and the generating one (live auto)
             if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
-                if eng._generating or eng._busy.locked():
+                if eng.state.generating or eng.state.busy.locked():
                     # a decode or a slot change may be running: the thread holding the engine ends the tier
                     # between two decodes (step), when the reply ends, or when the new plan goes in
                     self.end_tier_pending = True
@@ -189,11 +189,11 @@ class Residency:
                     self._end_tier()
             elif every:                           # no tier running (no slots yet, or one pending): set aside too
                 eng.cfg = dataclasses.replace(eng.cfg, policy="static")
-                self.end_tier_pending = self.end_tier_pending or eng._busy.locked()
+                self.end_tier_pending = self.end_tier_pending or eng.state.busy.locked()
             elif eng.cfg.repick_every and self.asked != "static":   # F3 off: the policy asked for comes back
                 self.end_tier_pending = False
                 eng.cfg = dataclasses.replace(eng.cfg, policy=self.asked)
-                self.restore_policy = bool(eng._plan.layers)
+                self.restore_policy = bool(eng.state.plan.layers)
                 back = f"; --policy {self.asked} again" + (" from the next reply" if self.restore_policy else "")
             self.restore_policy = self.restore_policy and not every
             if every != eng.cfg.repick_every:     # re-picks on, off or another interval: a new window of figures
@@ -212,9 +212,9 @@ class Residency:
         """Choose the re-pick interval by simulating the active profile's trace at the current slots under a cost
         model (default: this machine's, Engine.cost_model); returns the one-line reason."""
         eng = self.eng
-        if eng.cfg.profile is None or not eng._plan.layers:
+        if eng.cfg.profile is None or not eng.state.plan.layers:
             raise EngineError("--repick auto needs a profile and slots")
-        slots = eng._plan.slots_per_layer
+        slots = eng.state.plan.slots_per_layer
         source = "given costs"
         if cost is None:
             cost, source = eng.cost_model()
@@ -226,9 +226,9 @@ class Residency:
         self.set_repick(n, auto=True)
         line = f"{why} [{source}]"
         live = eng.cfg.repick_auto_every > 0
-        with eng._lock:
+        with eng.state.lock:
             self.auto_line = f"auto: {line}"
-            self.auto_mark = (eng._decode_tokens, eng._plan) if live else None
+            self.auto_mark = (eng.state.decode_tokens, eng.state.plan) if live else None
         return line + (f"; decided again every {eng.cfg.repick_auto_every} tokens from this chat's own routing"
                        if live else "")
 
@@ -236,8 +236,8 @@ class Residency:
         """Before a reply (the engine held): a switch `auto`'s check asked for goes in now, the same plan under the
         runner-up (or back to the first choice), and is said."""
         restore, self.restore_policy = self.restore_policy, False
-        if self.auto.take_pending() or (restore and self.eng._plan.layers):
-            self.eng._apply_plan(self.eng._plan)
+        if self.auto.take_pending() or (restore and self.eng.state.plan.layers):
+            self.eng.apply_plan(self.eng.state.plan)
             self.eng.notices.append(f"residency: {self.policy_line}")
 
     def after_reply(self, st: RoutingStats, n_dec: int, n: int, seconds: float) -> None:
@@ -255,7 +255,7 @@ class Residency:
         cannot see the drift of this chat; these tokens can."""
         eng = self.eng
         mark, every = self.auto_mark, eng.cfg.repick_auto_every
-        if mark is None or every <= 0 or n_dec - mark[0] < every or not eng._plan.layers:
+        if mark is None or every <= 0 or n_dec - mark[0] < every or not eng.state.plan.layers:
             return
         # decode rows of the slot layers (not the NextN block's, whose experts never sit in slots)
         ring = st.ring[(st.ring[:, 0] >= 0) & np.isin(st.ring[:, 1], list(mark[1].layers))]
@@ -268,12 +268,12 @@ class Residency:
                                                 margin=eng.cfg.repick_margin)
         except Exception as e:  # noqa: BLE001 - a short ring, a calibration edited mid-chat: never end the reply
             n, why = was, f"kept ({e}); decides again on the next {every} tokens"
-        with eng._lock:
+        with eng.state.lock:
             if self.auto_mark is not mark:
                 return                          # F3 or a slot change while deciding: the user's choice stands
             if n != was:
                 self.set_repick(n, auto=True)
-            self.auto_mark = (n_dec, eng._plan)
+            self.auto_mark = (n_dec, eng.state.plan)
             self.auto_line = (f"auto @{n_dec} tokens: {why}" if n == was
                               else f"auto @{n_dec} tokens, {'static' if not was else f'every {was}'} -> {why}")
 
@@ -286,17 +286,17 @@ class Residency:
             plan = self.tier.step(n_new)                           # between decodes: its counts, now and then the plan
             moved = self.tier.counts.bytes - before
             if plan is not None or moved or self.end_tier_pending:
-                with eng._lock:                   # (not every token: snapshots hold this lock)
+                with eng.state.lock:                   # (not every token: snapshots hold this lock)
                     if plan is not None:
-                        eng._plan = plan
-                    eng._upload_bytes += moved
+                        eng.state.set_plan(plan)
+                    eng.state.add_uploads(moved)
                     if self.end_tier_pending:     # F3 during this reply: between two decodes, the tier ends
                         self._end_tier()
             return
         if self.stager is not None:
             self._commit_stage()                                   # between decodes: the copies that are in
         n = eng.cfg.repick_every
-        if n <= 0 or not eng._plan.layers:
+        if n <= 0 or not eng.state.plan.layers:
             return
         self.since += n_new
         if self.since < n:
@@ -308,47 +308,47 @@ class Residency:
                 self.stager = cache_mod.Stager(eng.model.ptr)
             if self.stager.busy:
                 return                                             # the last re-pick's copies are still coming in
-            swaps_of = cache_mod.elect_swaps(eng._plan, eng.ctx.read_stats().ring, f.n_expert,
+            swaps_of = cache_mod.elect_swaps(eng.state.plan, eng.ctx.read_stats().ring, f.n_expert,
                                              max_swaps=cfg.repick_swaps, window=cfg.repick_window,
                                              margin=cfg.repick_margin)
             if swaps_of:
-                with eng._lock:
+                with eng.state.lock:
                     self.repicks += 1
                 self.stager.begin(swaps_of)
             return
-        plan, swaps, moved = cache_mod.repick(eng.model.ptr, eng._plan, eng.ctx.read_stats().ring, f.n_expert,
+        plan, swaps, moved = cache_mod.repick(eng.model.ptr, eng.state.plan, eng.ctx.read_stats().ring, f.n_expert,
                                               max_swaps=cfg.repick_swaps, window=cfg.repick_window,
                                               margin=cfg.repick_margin)
-        if plan is eng._plan:
+        if plan is eng.state.plan:
             return
-        with eng._lock:
-            eng._plan = plan
+        with eng.state.lock:
+            eng.state.set_plan(plan)
             self.repicks += 1
             self._moved(swaps, moved)
 
     def _commit_stage(self) -> None:
         eng = self.eng
         try:
-            plan, swaps, moved = self.stager.poll(eng._plan)        # type: ignore[union-attr]
+            plan, swaps, moved = self.stager.poll(eng.state.plan)        # type: ignore[union-attr]
         except cache_mod.CacheError as e:
             eng.notices.append(f"re-pick copy failed, re-picks continue from the current plan: {e}")
             return
         if swaps:
-            with eng._lock:
-                eng._plan = plan
+            with eng.state.lock:
+                eng.state.set_plan(plan)
                 self._moved(swaps, moved)
 
     def _moved(self, swaps: int, nbytes: int) -> None:
         self.swaps += swaps
         self.bytes += nbytes
-        self.eng._upload_bytes += nbytes
+        self.eng.state.add_uploads(nbytes)
 
     def drain(self) -> None:
         """Copies in flight are dropped (before the packs are rebuilt; the caller holds the engine, _busy); a tier
         end asked for meanwhile happens now (its policy is static from this plan on)."""
         if self.stager is not None:
             self.stager.drain()
-        with self.eng._lock:
+        with self.eng.state.lock:
             if self.end_tier_pending:
                 self._end_tier()
             self._close_tier()

@@ -3,7 +3,7 @@
 The native counters (engine.stats) run from the context's start. Figures taken from them straight (the split, CPU
 experts per token, the what-if line's static hit rate) mixed every slot count the chat had had, while the heatmap's
 miss column counted the recent ring: at 256 of 256 slots the layers said miss 0 % and the split host 56 %.
-`Window` keeps a baseline of the counters at each change (Engine._apply_plan; engine.residency when F3 ends a tier or
+`Window` keeps a baseline of the counters at each change (Engine.apply_plan; engine.residency when F3 ends a tier or
 changes the re-pick interval) and gives every figure over the picks since then, of the trunk's MoE layers only (the
 NextN block's experts never sit in slots), per decoded row: each row the target decodes (MTP verify rows and
 rejected drafts included) picks k experts in each of those layers, so CPU experts per token is at most layers x k

@@ -60,10 +60,10 @@ def first_session(model: Path, data_home: Path) -> dict:
     assert not saved.exists()
     e = _engine(model)
     try:
-        out: dict = {"notices_at_load": list(e.notices), "plan_at_load": e._plan, "saved": saved}
+        out: dict = {"notices_at_load": list(e.notices), "plan_at_load": e.state.plan, "saved": saved}
         done = _reply(e)
         out["done"] = done
-        out["plan"] = e._plan
+        out["plan"] = e.state.plan
         ring = e.ctx.read_stats().ring
         f = e.model.facts
         prompt = ring[ring[:, 0] < 0]
@@ -103,11 +103,11 @@ def test_second_session_starts_with_the_saved_profile(first_session: dict, model
     try:
         assert e.cfg.profile == saved
         assert any(n.startswith("using the profile saved for this model") for n in e.notices)
-        assert e._plan.slots_per_layer == 16                             # planned at load, from the profile
-        assert e._plan == plan_from_profile(e.model, saved, 16, pack_host=True)
-        at_load = e._plan
+        assert e.state.plan.slots_per_layer == 16                             # planned at load, from the profile
+        assert e.state.plan == plan_from_profile(e.model, saved, 16, pack_host=True)
+        at_load = e.state.plan
         done = _reply(e)
-        assert e._plan == at_load                                        # no first-prompt plan over it
+        assert e.state.plan == at_load                                        # no first-prompt plan over it
     finally:
         e.close()
     after = read_csv(saved)
@@ -162,7 +162,7 @@ def test_without_slots_it_records_only(model: Path, data_home: Path, tmp_path: P
     try:
         assert any("recording one to" in n and "no slots planned" in n for n in e.notices)
         done = _reply(e)
-        assert not e._plan.layers
+        assert not e.state.plan.layers
     finally:
         e.close()
     assert read_csv(autoprofile.saved_path(other)).decode_tokens == done.stats.tokens >= autoprofile.MIN_TOKENS

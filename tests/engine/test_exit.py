@@ -49,7 +49,7 @@ def test_an_engine_generating_on_another_thread_is_left_open_not_freed_under_it(
         import threading
         from moeslots.engine.engine import Engine, EngineConfig
         e = Engine(EngineConfig(model=MODEL, n_ctx=256, threads=2, pack_host=True, slots=0))
-        e._busy.acquire()                       # a reply in progress on some other thread
+        e.state.busy.acquire()                       # a reply in progress on some other thread
         SEEN += [e.ctx, e.model]
         print("busy", flush=True)
     """, tiny_glm)

@@ -55,16 +55,16 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
                 # verify batches over the tier (k * n > 4) only read it: their misses are computed on the CPU, counted
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
                 assert cpu > 0 and snap.cpu_experts_per_token == cpu
-                assert e.residency.tier.tokens >= e._decode_tokens
-                assert e._plan != SlotPlan.uniform([1, 2], 6, 16)
+                assert e.residency.tier.tokens >= e.state.decode_tokens
+                assert e.state.plan != SlotPlan.uniform([1, 2], 6, 16)
             elif policy in ("hybrid", "dynamic"):
                 assert snap.policy == policy and snap.tier_slots == (1 if policy == "hybrid" else 6)
                 assert snap.policy_line.startswith(f"{policy}: {6 - snap.tier_slots} core + {snap.tier_slots} tier")
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
-                assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e._decode_tokens    # verify batches step
+                assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e.state.decode_tokens    # verify batches step
                 assert snap.cpu_experts_per_token == cpu          # host-memory work: the tier's CPU misses
                 assert (core == 0) == (policy == "dynamic")
-                assert e._plan != SlotPlan.uniform([1, 2], 6, 16)
+                assert e.state.plan != SlotPlan.uniform([1, 2], 6, 16)
             else:
                 assert snap.policy == "static" and tier == 0 and snap.tier_uploads_per_token == 0
                 assert snap.policy_line == ("static" if slots else "")
@@ -224,8 +224,8 @@ def test_repicks_take_over_from_what_the_tier_left(tiny_glm: Path) -> None:
         assert len(_reply(e, "tell me about the experts")) > 0
         assert e.residency.tier is not None and e.residency.tier.counts.uploads > 0
         e.set_repick(1000)                                                     # F3: re-picks (none due yet)
-        assert e.residency.tier is None and e._plan != start
-        for il, experts in e._plan.layers.items():
+        assert e.residency.tier is None and e.state.plan != start
+        for il, experts in e.state.plan.layers.items():
             assert all(cache.swap(e.model.ptr, il, slot, x) == 0 for slot, x in enumerate(experts))
         _reply(e, "and more")                                                  # the chat goes on
     finally:
@@ -273,7 +273,7 @@ def test_repicks_asked_for_during_a_slot_change_end_the_tier_with_it(tiny_glm: P
     try:
         _reply(e, "tell me about the experts")
         assert e.residency.tier is not None
-        with e._busy:                                          # a slot change in progress
+        with e.state.busy:                                          # a slot change in progress
             e.set_repick(4)
             assert e.residency.end_tier_pending and e.residency.tier is not None
         e.set_slots(SlotPlan.uniform([1, 2], 5, 16))

@@ -50,7 +50,7 @@ def test_slots_0_then_f3_then_slots(hybrid: Engine) -> None:
     assert _state(hybrid) == ("static", False, 16)
     hybrid.set_slots(0)
     hybrid.set_slots(SlotPlan.uniform([1, 2], 5, 16))
-    assert _state(hybrid) == ("static", False, 16) and hybrid._plan.slots_per_layer == 5
+    assert _state(hybrid) == ("static", False, 16) and hybrid.state.plan.slots_per_layer == 5
     hybrid.set_repick(0)                                            # F3 off: the tier with the next reply
     _reply(hybrid, "and more")
     assert _state(hybrid) == ("hybrid", True, 0)

@@ -196,8 +196,8 @@ def test_a_reply_consumed_after_close_raises(tiny_glm: Path, mtp: bool) -> None:
             assert not isinstance(ev, Done)                      # no reply "completes" on freed memory
     # the engine's own check at the next token, or the model's if a delta of this token was still to come
     assert str(err.value) in (ENGINE_CLOSED, MODEL_CLOSED)
-    assert e._busy.acquire(blocking=False)                       # the ended reply let go of the engine
-    e._busy.release()
+    assert e.state.busy.acquire(blocking=False)                       # the ended reply let go of the engine
+    e.state.busy.release()
     _refused(lambda: list(e.chat(HI)), ENGINE_CLOSED)
     e.close()
 
