@@ -16,7 +16,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, Union
 
+from ..profiles.policy import STATIC, Policy
 from .cache import SlotPlan
+from .errors import EngineError
 
 if TYPE_CHECKING:
     from ..profiles.trace import Trace
@@ -52,17 +54,26 @@ class EngineConfig:
                                                     # one spare pack entry per layer when re-picking at load)
     repick_auto_every: int = 0                      # after set_repick_auto: decide again every N decode tokens from
                                                     # this session's routing (0: the load-time decision stands)
-    policy: str = "static"                          # residency: static | hybrid (a core + a dynamic tier) | dynamic
-                                                    # (all slots a tier) | fetch (a core + a tier the GPU steps;
-                                                    # pinned experts) | auto (simulated on the profile under this
-                                                    # machine's costs): profiles.policy, engine.native_tier
-    tier: int | None = None                         # hybrid / fetch: dynamic slots per layer (None: S/4 / S/2)
+    policy: Policy = STATIC                         # residency (profiles.policy.Policy: its name and --tier; a name
+                                                    # is parsed here): static | hybrid (a core + a dynamic tier) |
+                                                    # dynamic (all slots a tier) | fetch, fetch-split (a tier the GPU
+                                                    # steps; pinned experts) | auto (simulated on the profile under
+                                                    # this machine's costs): engine.residency, engine.native_tier
     calibrate: str = "first-run"                    # auto's costs: "first-run" (measured by themselves the first
                                                     # time this model shape runs here, where a GPU holds the
                                                     # slots: engine.autocal), "always" (also without a GPU), "off"
     temperature: float = 0.0
     max_tokens: int = 512
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """The policy is parsed here, once (a name or a Policy), and checked against re-picks: both move slots."""
+        try:
+            pol = Policy.parse(self.policy)
+            pol.check_repick(self.repick_every)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        object.__setattr__(self, "policy", pol)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,7 +64,7 @@ class AutoPolicy:
     def timed(self, tokens: int, seconds: float) -> str:
         """A reply's decode speed under the current choice; a switch it calls for waits in `pending` for the next
         reply (Engine). Returns the check's new verdict line, or ""."""
-        if self.check is None or self.eng.cfg.policy != "auto":
+        if self.check is None or not self.eng.cfg.policy.is_auto:
             return ""
         before = self.check.line
         switch = self.check.timed(tokens, seconds)

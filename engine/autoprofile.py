@@ -238,7 +238,7 @@ def attach(eng: "Engine") -> "AutoProfile | None":
     name = eng.model.facts.name
     where = _tilde(path)
     if base is not None:
-        eng.cfg = dataclasses.replace(cfg, profile=path)
+        eng.state.configure(profile=path)
         eng.notices.append(f"using the profile saved for this model: {where} ({base.decode_tokens} decode tokens); "
                            "this session's routing is added to it")
         return AutoProfile(path, base, cfg.slots if isinstance(cfg.slots, (int, str)) else 0, False,

@@ -53,11 +53,10 @@ class Engine:
     def __init__(self, cfg: EngineConfig, progress: Callable[[str], None] | None = None):
         """progress: each step of long work at load (the first-run calibration; None once the app has the screen)."""
         native.require_patched()
-        self.cfg = cfg
         self.progress_cb, self._progress = progress, ""
         self._clock: Callable[[], float] = time.perf_counter   # the replies' timing (auto's check reads it)
         cache_mod.set_async(cfg.async_cpu)
-        self.state = EngineState()                  # plan, counters, locks: shared with the parts, one owner
+        self.state = EngineState(cfg)               # config, plan, counters, locks: shared with the parts, one owner
         self._closed = False                        # after close(): every call raises ClosedError (engine.errors)
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         model_mod.track(self, model_mod.ENGINE)
@@ -176,13 +175,18 @@ class Engine:
         return slots_mod.info(self.model, pack_host=self.cfg.pack_host)
 
     @property
+    def cfg(self) -> EngineConfig:
+        """The configuration in force (engine.state: re-picks, F3 and the automatic profile change it there)."""
+        return self.state.cfg
+
+    @property
     def profile(self) -> Path | None:
         """The profile the slots are planned from (given, or the automatic profile's once saved)."""
         return self.cfg.profile
 
     def use_profile(self, path: Path) -> None:
         """Take another profile for the next set_slots (checked against this model there)."""
-        self.cfg = dataclasses.replace(self.cfg, profile=Path(path))
+        self.state.configure(profile=Path(path))
 
     def profile_overlap(self, path: Path) -> float | None:
         """Mean per-layer overlap of the top-S sets of `path` and the active profile at the current S."""

@@ -12,7 +12,6 @@ counters, the auto decisions and the overlapped copies.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,25 +73,21 @@ class Residency:
         """Before a plan is configured (Engine.apply_plan): decide the policy for it (`auto`: simulated on the
         profile under this machine's costs) and say whether the packs need a spare entry (overlapped copies)."""
         cfg = self.eng.cfg
-        if cfg.policy not in policy_mod.POLICIES:
-            raise EngineError(f"--policy {cfg.policy}: one of {', '.join(policy_mod.POLICIES)}")
-        if cfg.policy != "static" and cfg.repick_every > 0:
-            raise EngineError(f"--policy {cfg.policy} and --repick both move slots: choose one")
         S = plan.slots_per_layer
-        if cfg.policy in policy_mod.GPU_STEPPED and self.eng.model.opts.use_mmap and not cfg.pack_host:
+        if cfg.policy.gpu_stepped and self.eng.model.opts.use_mmap and not cfg.pack_host:
             raise EngineError(f"--policy {cfg.policy}: the GPU reads missed experts from pinned host memory, and this "
                               "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another "
                               "policy")
-        if cfg.policy == "auto":
+        if cfg.policy.is_auto:
             pol, self.tier_d, why = self.auto.decide(S)
             self.policy_line = f"auto: {why}"
         else:
             try:
-                self.tier_d = policy_mod.tier_slots(cfg.policy, S, cfg.tier, used=self.eng.model.facts.n_expert_used)
+                self.tier_d = cfg.policy.tier_for(S, used=self.eng.model.facts.n_expert_used)
             except ValueError as e:
                 raise EngineError(f"--policy {cfg.policy}: {e}") from None
-            gpu = cfg.policy in policy_mod.GPU_STEPPED and self.tier_d
-            pol = cfg.policy if gpu else policy_mod.name(S, self.tier_d)
+            gpu = cfg.policy.gpu_stepped and self.tier_d
+            pol = cfg.policy.name if gpu else policy_mod.name(S, self.tier_d)
             self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
             if self.tier_d and pol in policy_mod.SPLIT_BY_COST:     # the misses' split follows these costs
                 self.policy_line += f" [{self.eng.cost_model()[1]}]"
@@ -137,7 +132,7 @@ class Residency:
         if self.tier is not None:
             eng.state.set_plan(self.tier.refresh())  # from what the tier left in the slots (nothing is in flight)
             self._close_tier()
-        eng.cfg = dataclasses.replace(eng.cfg, policy="static")
+        eng.state.configure(policy=policy_mod.STATIC)
         self.policy_line = "static (re-picks on: the dynamic tier is off)"
         self._new_window()
 
@@ -180,7 +175,10 @@ class Residency:
             raise EngineError("re-pick interval must be >= 0")
         back = ""
         with eng.state.lock:                           # the app's thread (F3) and the generating one (live auto)
-            if every and self.tier is not None:   # re-picks and the tier both move slots: re-picks win
+            changed = every != eng.cfg.repick_every
+            if every:                             # re-picks and a moving policy both move slots: re-picks win
+                eng.state.configure(policy=policy_mod.STATIC)
+            if every and self.tier is not None:
                 if eng.state.generating or eng.state.busy.locked():
                     # a decode or a slot change may be running: the thread holding the engine ends the tier
                     # between two decodes (step), when the reply ends, or when the new plan goes in
@@ -188,18 +186,16 @@ class Residency:
                 else:
                     self._end_tier()
             elif every:                           # no tier running (no slots yet, or one pending): set aside too
-                eng.cfg = dataclasses.replace(eng.cfg, policy="static")
                 self.end_tier_pending = self.end_tier_pending or eng.state.busy.locked()
-            elif eng.cfg.repick_every and self.asked != "static":   # F3 off: the policy asked for comes back
+            elif eng.cfg.repick_every and self.asked.moves_slots:   # F3 off: the policy asked for comes back
                 self.end_tier_pending = False
-                eng.cfg = dataclasses.replace(eng.cfg, policy=self.asked)
+                eng.state.configure(policy=self.asked, repick_every=0)
                 self.restore_policy = bool(eng.state.plan.layers)
                 back = f"; --policy {self.asked} again" + (" from the next reply" if self.restore_policy else "")
             self.restore_policy = self.restore_policy and not every
-            if every != eng.cfg.repick_every:     # re-picks on, off or another interval: a new window of figures
+            if changed:                           # re-picks on, off or another interval: a new window of figures
                 self._new_window()
-            eng.cfg = dataclasses.replace(eng.cfg, repick_every=every,
-                                          repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
+            eng.state.configure(repick_every=every, repick_swaps=eng.cfg.repick_swaps if swaps is None else swaps)
             self.since = 0
             was_auto = bool(self.auto_line)
             if not auto:

@@ -23,6 +23,66 @@ SPLIT_BY_COST = ("hybrid", "dynamic", "fetch-split")  # misses split between the
 MAX_SCORED = 512          # tokens `auto` scores (the last ones of the profile): a load-time decision, kept short
 
 
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A residency policy as asked (`--policy NAME`, `--tier D`), parsed once where it enters (the command line, the
+    config file, EngineConfig) and read by what it means from then on: whether slots move, who steps the tier,
+    whether the CPU takes a share of the misses."""
+    name: str = "static"        # one of POLICIES
+    tier: int | None = None     # dynamic slots per layer asked for (--tier); None: the policy's default
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"--policy takes {', '.join(POLICIES)}, not {self.name!r}")
+        if self.tier is not None and self.name not in TIER_SIZED:
+            raise ValueError(f"--tier D sets the dynamic slots of --policy {', '.join(TIER_SIZED)}, not {self.name}")
+        if self.tier is not None and self.tier < 0:
+            raise ValueError(f"--tier {self.tier}: a tier is 0 or more slots")
+
+    @classmethod
+    def parse(cls, value: "Policy | str | None", tier: int | None = None) -> "Policy":
+        """`value` as a Policy: a name (with `tier`), a Policy as is (a `tier` given too must agree), None: static."""
+        if isinstance(value, Policy):
+            if tier is not None and tier != value.tier:
+                raise ValueError(f"--tier {tier} beside a policy that asks for {value.tier}")
+            return value
+        return cls("static" if value is None else str(value), tier)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_auto(self) -> bool:
+        return self.name == "auto"
+
+    @property
+    def moves_slots(self) -> bool:
+        """Whether this policy moves slots itself (every policy but static may): re-picks cannot run beside it."""
+        return self.name != "static"
+
+    @property
+    def gpu_stepped(self) -> bool:
+        """The GPU steps the tier and reads every miss it fetches from pinned host memory (fetch, fetch-split)."""
+        return self.name in GPU_STEPPED
+
+    @property
+    def cpu_share(self) -> bool:
+        """The CPU computes a share of a GPU-stepped tier's misses beside the copies (fetch-split)."""
+        return self.name == "fetch-split"
+
+    def check_repick(self, repick_every: int) -> None:
+        """Re-picks and a moving policy both move slots: one of them."""
+        if self.moves_slots and repick_every > 0:
+            raise ValueError(f"--policy {self.name} and --repick both move slots: choose one")
+
+    def tier_for(self, slots: int, used: int = 0) -> int:
+        """Dynamic slots per layer of `slots` under this policy (auto is decided first: tier_slots)."""
+        return tier_slots(self.name, slots, self.tier, used)
+
+
+STATIC = Policy()
+
+
 def tier_slots(policy: str, slots: int, tier: int | None = None, used: int = 0) -> int:
     """Dynamic slots per layer of `slots` under a policy: static 0, dynamic all, hybrid `tier` (default S/4, at
     least 1 when there are slots), fetch and fetch-split `tier` (default S/2, at least one token's `used` experts: a

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.api import Engine
-from ..profiles.policy import POLICIES, TIER_SIZED
+from ..profiles.policy import POLICIES
 from . import launch
 from .common import UserError, config, int_arg
 
@@ -24,10 +24,7 @@ def parse_repick(v: str | None) -> tuple[int, int]:
         raise UserError(f"--repick takes N or N:M (every N tokens, at most M swaps per layer), not {v!r}") from None
 
 
-def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool, threads: int | None,
-                ctx: int, repick: str | None = None, async_cpu: bool = False, mmap: bool | str = "auto",
-                auto_profile: bool = False, policy: str | None = None, tier: int | None = None,
-                progress: "Callable[[str], None] | None" = None) -> "Engine":
+def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], None] | None" = None) -> "Engine":
     """The engine the app runs on: slots as many as fit by default (with a profile, or a GPU to plan from the first
     prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice; the residency
     policy (`--policy`; by default auto where a GPU holds the slots, else static; auto is decided when the slots are
@@ -43,30 +40,26 @@ def open_engine(model: Path, profile: Path | None, slots: str | None, mtp: bool,
     # the kept log), and the app that follows draws the screen (MOESLOTS_VERBOSE=1 shows everything)
     native.set_log_echo(False)
     pack_host = not native.gpus()
-    policy = launch.default_policy(policy, gpu=not pack_host, repick=repick)
-    if policy not in POLICIES:
-        raise UserError(f"--policy takes {', '.join(POLICIES)}, not {policy!r}")
-    if policy != "static" and repick:
-        raise UserError(f"--policy {policy} and --repick both move slots: choose one")
-    if tier is not None and policy not in TIER_SIZED:
-        raise UserError(f"--tier D sets the dynamic slots of --policy {', '.join(TIER_SIZED)}")
+    policy = launch.default_policy(s.policy, gpu=not pack_host, repick=s.repick)
+    slots = s.slots
     if slots is None:       # a profile, or a GPU to plan from the first prompt (auto profile): as many as fit
-        slots = "auto" if profile or (auto_profile and not pack_host) else "0"
+        slots = "auto" if s.profile or (s.auto_profile and not pack_host) else "0"
     n_or_auto: int | str = slots if slots == "auto" else int_arg("--slots", slots)
     if isinstance(n_or_auto, int) and n_or_auto < 0:
         raise UserError(f"--slots {n_or_auto}: a slot count is not negative; give 0 (no slots) up to the model's "
                         "experts per layer, or auto")
+    repick = s.repick
     every, swaps = parse_repick(repick)
-    threads = threads or app_threads()         # the app keeps a physical core for its UI (engine/threads.py)
-    eng = LocalEngine(EngineConfig(model=model, n_ctx=ctx, slots=n_or_auto, profile=profile, mtp=mtp,
+    threads = s.threads or app_threads()       # the app keeps a physical core for its UI (engine/threads.py)
+    eng = LocalEngine(EngineConfig(model=model, n_ctx=s.ctx, slots=n_or_auto, profile=s.profile, mtp=s.mtp,
                                    threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
-                                   async_cpu=async_cpu, mmap=mmap,
+                                   async_cpu=s.async_cpu, mmap=s.mmap,
                                    repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
-                                   auto_profile=auto_profile, policy=policy, tier=tier),
+                                   auto_profile=s.auto_profile, policy=policy),
                       progress=progress or _progress)
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
-    if policy != "static" and eng.residency.policy_line:
+    if policy.moves_slots and eng.residency.policy_line:
         eng.notices.append(f"residency: {eng.residency.policy_line}")
     if repick == "auto":
         try:
@@ -118,9 +111,7 @@ def chat_engine(model: Path, a: argparse.Namespace, *, explicit: bool = True,
                 progress: "Callable[[str], None] | None" = None) -> Engine:
     """The engine for `chat MODEL` (explicit) or a model picked in the app (progress: where its load's steps go
     while the app holds the terminal); remembered as [app] last_model."""
-    s = settings(model, a, explicit=explicit)
-    eng = open_engine(model, s.profile, s.slots, s.mtp, s.threads, s.ctx, s.repick, s.async_cpu, s.mmap,
-                      s.auto_profile, s.policy, s.tier, progress=progress)
+    eng = open_engine(model, settings(model, a, explicit=explicit), progress=progress)
     bad = launch.remember(model)
     if bad:
         eng.notices.append(bad)
@@ -147,7 +138,7 @@ def cmd_app(a: argparse.Namespace) -> int:
         path, prof = bundled.model(), bundled.profile("merged")
     except EngineError as e:
         raise UserError(str(e)) from None
-    eng = open_engine(path, prof, str(bundled.SLOTS), True, None, 0)   # ctx 0: sized from the model
+    eng = open_engine(path, launch.ChatSettings(profile=prof, slots=str(bundled.SLOTS)))   # ctx 0: from the model
     if gone:
         eng.notices.append(gone)
     return run_app(eng, path.name, remember=False, model=path)

@@ -9,22 +9,24 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..engine import bundled
+from ..profiles.policy import TIER_SIZED, Policy
+from .common import UserError
 
 
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
-    profile: Path | None
-    slots: str | None               # a number or "auto"; None: decided when the engine opens (GPU or not)
-    mtp: bool
-    threads: int | None
-    ctx: int                        # tokens; 0: sized from the model and free memory (engine.window)
-    repick: str | None
-    async_cpu: bool
-    mmap: bool | str                # True / False as asked, else "auto" (engine.hardware decides from free RAM)
-    auto_profile: bool              # no profile: plan from the first prompt, record and save one per model
-    policy: str | None = None       # residency: static | hybrid | dynamic | fetch | fetch-split | auto; None: the
-                                    # default (auto where a GPU holds the slots, else static: cli.chat.open_engine)
-    tier: int | None = None         # hybrid: dynamic slots per layer (None: S/4)
+    """Everything the engine of `chat MODEL` opens with, decided once here (cli.chat.open_engine takes it whole)."""
+    profile: Path | None = None
+    slots: str | None = None        # a number or "auto"; None: decided when the engine opens (GPU or not)
+    mtp: bool = True
+    threads: int | None = None
+    ctx: int = 0                    # tokens; 0: sized from the model and free memory (engine.window)
+    repick: str | None = None
+    async_cpu: bool = False
+    mmap: bool | str = "auto"       # True / False as asked, else "auto" (engine.hardware decides from free RAM)
+    auto_profile: bool = False      # no profile: plan from the first prompt, record and save one per model
+    policy: Policy | None = None    # residency, parsed (--policy and --tier, or [app] policy); None: the default,
+                                    # auto where a GPU holds the slots, else static (default_policy)
 
 
 def same_file(a: str | Path | None, b: str | Path) -> bool:
@@ -49,22 +51,34 @@ def resolve(model: Path, a: argparse.Namespace, app: Mapping[str, Any], *, expli
         async_cpu=bool(getattr(a, "async_cpu", False)),
         mmap=mmap if mmap is not None else app.get("mmap", "auto"),
         auto_profile=not getattr(a, "no_auto_profile", False) and bool(app.get("auto_profile", True)),
-        policy=_policy(a, app), tier=getattr(a, "tier", None))
+        policy=_policy(a, app))
 
 
-def default_policy(policy: str | None, *, gpu: bool, repick: str | None) -> str:
+def default_policy(policy: Policy | None, *, gpu: bool, repick: str | None) -> Policy:
     """The policy to open with: as asked, else auto where a GPU holds the slots (without one the slots live in
     host memory and no tier moves anything to a GPU) and no re-picks were asked for (they move the slots), else
     static."""
-    return policy or ("auto" if gpu and not repick else "static")
+    return policy or Policy("auto" if gpu and not repick else "static")
 
 
-def _policy(a: argparse.Namespace, app: Mapping[str, Any]) -> str | None:
-    """--policy, else [app] policy, else None (the default); --repick alone means static (re-picks move the slots)."""
+def _policy(a: argparse.Namespace, app: Mapping[str, Any]) -> Policy | None:
+    """--policy (with --tier), else [app] policy, else None (the default); --repick alone means static (re-picks
+    move the slots). A policy that cannot be (a tier beside one that has none, re-picks beside one that moves slots)
+    is one line."""
     p = getattr(a, "policy", None) or app.get("policy")
+    tier = getattr(a, "tier", None)
     if p is None and getattr(a, "repick", None):
-        return "static"
-    return str(p) if p is not None else None
+        p = "static"
+    if p is None:
+        if tier is not None:
+            raise UserError(f"--tier D sets the dynamic slots of --policy {', '.join(TIER_SIZED)}: name one")
+        return None
+    try:
+        pol = Policy.parse(str(p), tier)
+        pol.check_repick(1 if getattr(a, "repick", None) else 0)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return pol
 
 
 def start_model(app: Mapping[str, Any]) -> tuple[Path | None, str]:

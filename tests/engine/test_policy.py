@@ -17,6 +17,7 @@ from moeslots.engine.bench import tier as tier_bench
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.native_tier import masks
+from moeslots.profiles.policy import Policy
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
 
@@ -82,8 +83,8 @@ def test_the_simulator_predicts_the_engine(tiny_glm: Path, cfg_home: Path) -> No
     calibrate.save(calibrate.Calibration(machine=calibrate.machine_id(), date="2026-12-04", model="m", slab_mb=1.0,
                                          upload_pageable_gbps=1.0, upload_pinned_gbps=1.0, cpu_gbps=1.0, base_ms=1.0,
                                          method="split"))
-    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=64, mtp=False, policy="hybrid",
-                            tier=3, slots=SlotPlan.uniform([1, 2], 8, 16, offset=5)))
+    e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=64, mtp=False,
+                            policy=Policy("hybrid", 3), slots=SlotPlan.uniform([1, 2], 8, 16, offset=5)))
     try:
         f = e.model.facts
         table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
@@ -205,7 +206,7 @@ def test_policy_and_repick_are_one_or_the_other(tiny_glm: Path) -> None:
     try:
         assert e.residency.tier is not None
         e.set_repick(4)                                   # F3: re-picks win, the tier stops
-        assert e.residency.tier is None and e.snapshot().policy == "static" and e.cfg.policy == "static"
+        assert e.residency.tier is None and e.snapshot().policy == "static" and e.cfg.policy.name == "static"
         _reply(e, "hi")
         assert e.snapshot().repicks > 0
     finally:
@@ -256,7 +257,7 @@ def test_repicks_asked_for_mid_reply_end_the_tier_between_decodes(tiny_glm: Path
                 e.set_repick(4)                                    # during the reply: the tier stays until a step
                 assert e.residency.tier is not None and e.residency.end_tier_pending
         assert seen[:3] == [True] * 3 and not seen[-1]             # ended by the generating thread, mid-reply
-        assert e.residency.tier is None and e.cfg.policy == "static" and e.cfg.repick_every == 4
+        assert e.residency.tier is None and e.cfg.policy.name == "static" and e.cfg.repick_every == 4
         assert "".join(got) == want[0]
         assert _reply(e, "and more") == want[1]
     finally:
@@ -278,7 +279,7 @@ def test_repicks_asked_for_during_a_slot_change_end_the_tier_with_it(tiny_glm: P
             assert e.residency.end_tier_pending and e.residency.tier is not None
         e.set_slots(SlotPlan.uniform([1, 2], 5, 16))
         assert e.residency.tier is None and not e.residency.end_tier_pending
-        assert e.cfg.policy == "static" and e.cfg.repick_every == 4 and e.snapshot().policy == "static"
+        assert e.cfg.policy.name == "static" and e.cfg.repick_every == 4 and e.snapshot().policy == "static"
         assert len(_reply(e, "and more")) > 0
     finally:
         e.close()

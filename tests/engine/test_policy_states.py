@@ -29,7 +29,7 @@ def hybrid(tiny_glm: Path):
 
 
 def _state(e: Engine) -> tuple[str, bool, int]:
-    return e.cfg.policy, e.residency.tier is not None, e.cfg.repick_every
+    return e.cfg.policy.name, e.residency.tier is not None, e.cfg.repick_every
 
 
 def test_f3_on_ends_the_tier_and_f3_off_brings_it_back(hybrid: Engine) -> None:
@@ -37,7 +37,7 @@ def test_f3_on_ends_the_tier_and_f3_off_brings_it_back(hybrid: Engine) -> None:
     hybrid.set_repick(16)                                           # F3 on: re-picks win, the tier ends
     assert _state(hybrid) == ("static", False, 16)
     line = hybrid.set_repick(0)                                     # F3 off: hybrid again...
-    assert hybrid.cfg.policy == "hybrid" and "--policy hybrid again from the next reply" in line
+    assert hybrid.cfg.policy.name == "hybrid" and "--policy hybrid again from the next reply" in line
     _reply(hybrid, "tell me about the experts")                     # ...its tier from the next reply
     assert _state(hybrid) == ("hybrid", True, 0) and hybrid.snapshot().policy == "hybrid"
 

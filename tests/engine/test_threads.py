@@ -39,13 +39,14 @@ def test_unreadable_topology_counts_cpus(tmp_path: Path) -> None:
 
 def test_the_app_engine_takes_the_app_default(tiny_glm: Path) -> None:
     from moeslots.cli.chat import open_engine
+    from moeslots.cli.launch import ChatSettings
 
-    eng = open_engine(tiny_glm, None, "0", False, None, 256)
+    eng = open_engine(tiny_glm, ChatSettings(slots="0", mtp=False, ctx=256))
     try:
         assert eng.cfg.threads == app_threads()  # type: ignore[attr-defined]
     finally:
         eng.close()  # type: ignore[attr-defined]
-    eng = open_engine(tiny_glm, None, "0", False, 3, 256)
+    eng = open_engine(tiny_glm, ChatSettings(slots="0", mtp=False, threads=3, ctx=256))
     try:
         assert eng.cfg.threads == 3  # type: ignore[attr-defined]
     finally:
