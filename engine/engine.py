@@ -122,7 +122,8 @@ class Engine:
         """set_slots' work, for a caller holding state.busy (autoprofile plans between a prompt and its reply)."""
         old = self.state.plan
         self.residency.drain()
-        spare = self.residency.wants_spare(plan)         # (and the policy for this plan: engine.residency)
+        choice = self.residency.decide(plan)             # the policy for this plan (engine.residency)
+        spare = self.residency.may_move()                # overlapped re-picks copy into a spare entry per layer
         try:
             line = self.model.set_slots(plan, pack_host=self.cfg.pack_host, spare=spare)
         except cache_mod.CacheError:
@@ -137,7 +138,7 @@ class Engine:
         with self.state.lock:
             self.state.set_plan(plan)
             self.load_line = line
-            self.residency.plan_applied(plan, spare)
+            self.residency.plan_applied(plan, spare, choice)
             self.counts_window.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS, self.state.upload_bytes, est)
         return line
 

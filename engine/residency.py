@@ -12,6 +12,7 @@ counters, the auto decisions and the overlapped copies.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,23 @@ AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens
                    # (every 64 flapped, every 512 reacted late in simulation: docs/lab/2026-12-03-live-repick-auto.md)
 
 
+@dataclasses.dataclass(frozen=True)
+class TierChoice:
+    """The policy decided for one plan (Residency.decide): its name, its tier slots per layer, the line said."""
+    policy: str
+    tier: int
+    line: str
+
+    @property
+    def device(self) -> bool:
+        """The GPU steps the tier (fetch, fetch-split)."""
+        return self.policy in policy_mod.GPU_STEPPED
+
+    @property
+    def share(self) -> bool:
+        return self.policy == "fetch-split"
+
+
 class Residency:
     def __init__(self, eng: "Engine") -> None:
         self.eng = eng
@@ -50,9 +68,6 @@ class Residency:
         self.stager: cache_mod.Stager | None = None      # overlapped re-pick copies (created on first use)
         self.tier: NativeTier | None = None               # --policy hybrid|dynamic: the dynamic tier of the plan
         self.end_tier_pending = False                     # re-picks asked for while decoding: the tier ends next step
-        self.tier_d = 0                                   # its slots per layer, for the plan being applied
-        self.device = False                               # --policy fetch|fetch-split: the tier is stepped on the GPU
-        self.share = False                                # --policy fetch-split: the CPU computes a share of its misses
         self.policy_line = ""                             # the policy in force (auto: its decision and why)
         self.auto = AutoPolicy(eng)                       # --policy auto: its decisions and their check
         # the policy asked for (flags, config): F3's re-picks set it aside (static while they run: both move slots)
@@ -69,9 +84,9 @@ class Residency:
         re-picks; the tier writes into its own slots): `--slots auto` leaves room for it."""
         return self._overlapped_repicks()
 
-    def wants_spare(self, plan: SlotPlan) -> bool:
-        """Before a plan is configured (Engine.apply_plan): decide the policy for it (`auto`: simulated on the
-        profile under this machine's costs) and say whether the packs need a spare entry (overlapped copies)."""
+    def decide(self, plan: SlotPlan) -> TierChoice:
+        """The policy for a plan about to be configured (Engine.apply_plan): as asked, or `auto`'s choice simulated
+        on the profile under this machine's costs. Decides only; plan_applied puts it in."""
         cfg = self.eng.cfg
         S = plan.slots_per_layer
         if cfg.policy.gpu_stepped and self.eng.model.opts.use_mmap and not cfg.pack_host:
@@ -79,35 +94,34 @@ class Residency:
                               "model's experts are mmap'ed (pageable); load it with --no-mmap, or choose another "
                               "policy")
         if cfg.policy.is_auto:
-            pol, self.tier_d, why = self.auto.decide(S)
-            self.policy_line = f"auto: {why}"
-        else:
-            try:
-                self.tier_d = cfg.policy.tier_for(S, used=self.eng.model.facts.n_expert_used)
-            except ValueError as e:
-                raise EngineError(f"--policy {cfg.policy}: {e}") from None
-            gpu = cfg.policy.gpu_stepped and self.tier_d
-            pol = cfg.policy.name if gpu else policy_mod.name(S, self.tier_d)
-            self.policy_line = pol + (f": {S - self.tier_d} core + {self.tier_d} tier slots" if self.tier_d else "")
-            if self.tier_d and pol in policy_mod.SPLIT_BY_COST:     # the misses' split follows these costs
-                self.policy_line += f" [{self.eng.cost_model()[1]}]"
-        self.device, self.share = pol in policy_mod.GPU_STEPPED, pol == "fetch-split"
-        return self._overlapped_repicks()              # (the tier writes into its own slots: no spare entry)
+            pol, d, why = self.auto.decide(S)
+            return TierChoice(pol, d, f"auto: {why}")
+        try:
+            d = cfg.policy.tier_for(S, used=self.eng.model.facts.n_expert_used)
+        except ValueError as e:
+            raise EngineError(f"--policy {cfg.policy}: {e}") from None
+        pol = cfg.policy.name if cfg.policy.gpu_stepped and d else policy_mod.name(S, d)
+        line = pol + (f": {S - d} core + {d} tier slots" if d else "")
+        if d and pol in policy_mod.SPLIT_BY_COST:     # the misses' split follows these costs
+            line += f" [{self.eng.cost_model()[1]}]"
+        return TierChoice(pol, d, line)
 
-    def plan_applied(self, plan: SlotPlan, spare: bool) -> None:
-        """A new plan is in (Engine.apply_plan, under the engine's lock): live auto scores from it on; the tier
-        (if any) starts from it."""
+    def plan_applied(self, plan: SlotPlan, spare: bool, choice: TierChoice) -> None:
+        """A new plan is in (Engine.apply_plan, under the engine's lock) with the policy decided for it: live auto
+        scores from it on; the tier (if any) starts from it."""
         self.spare = spare
+        self.policy_line = choice.line
         if self.auto_mark is not None:
             self.auto_mark = (self.eng.state.decode_tokens, plan)
         self._close_tier()
+        tier = choice.tier
         if self.end_tier_pending:                 # F3 while this plan went in: no tier for it
             self._end_tier()
-            self.tier_d = 0
-        if self.tier_d > 0 and plan.layers:
+            tier = 0
+        if tier > 0 and plan.layers:
             eng = self.eng
-            self.tier = NativeTier(eng.model.ptr, plan, self.tier_d, eng.cost_model()[0], device=self.device,
-                                   share=self.share)
+            self.tier = NativeTier(eng.model.ptr, plan, tier, eng.cost_model()[0], device=choice.device,
+                                   share=choice.share)
 
     def snapshot_fields(self, w: "Figures") -> dict[str, object]:
         """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier

@@ -65,7 +65,8 @@ def test_slots_change_while_repicking_keeps_repicks(hybrid: Engine) -> None:
 
 def test_slots_change_under_the_policy_keeps_its_tier(hybrid: Engine) -> None:
     hybrid.set_slots(SlotPlan.uniform([1, 2], 8, 16))
-    assert _state(hybrid) == ("hybrid", True, 0) and hybrid.residency.tier_d == 2
+    assert _state(hybrid) == ("hybrid", True, 0) and hybrid.residency.tier is not None \
+        and hybrid.residency.tier.tier == 2
 
 
 def test_f3_off_with_no_slots_waits_for_a_plan(hybrid: Engine) -> None:
