@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Where a decode token's time goes, per policy, per layer, at 16 and 6 threads (scripts/h200/layer_trace.py), on the
+# 30B-A3B-shape qwen3moe, experts pinned, random-token routing: builds the CUDA engine (engine source in .export/)
+# while the model is written, then runs the trace. From the repository root: bash scripts/h200/layer-trace.sh
+set -u
+. "$(dirname "$0")/common.sh"
+START=$(date +%s); WAIT=${WAIT:-420}
+{
+echo "== $(date +%T) machine: $(nproc) cores, $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader)"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+[ -f /tmp/site/.moeslots-cuda ] || setsid nohup bash -c "cd /tmp && $M engine build --cuda --from-source \
+    $R/.export/llama_cpp_python-0.3.36 --cmake-arg=-DGGML_CUDA_FA=OFF > $B/build.txt 2>&1; \
+    echo \"build rc \$?\" >> $B/build.txt; grep -q 'build rc 0' $B/build.txt && touch /tmp/site/.moeslots-cuda" \
+    > /dev/null 2>&1 &
+[ -f /tmp/big.gguf ] || { ( cd /tmp && $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 \
+    && mv /tmp/big.part.gguf /tmp/big.gguf ); tail -1 $B/synth-big.txt; }
+while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 3; done
+echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
+if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
+  (cd /tmp && timeout ${LIMIT:-560} python3 -P $R/scripts/h200/layer_trace.py /tmp/big.gguf ${THREADS:-16,6} \
+      ${SLOTS:-64,32} ${N:-48} 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
+      | tee $B/layer-trace.txt)
+fi
+tar czf "$OUT/logs.tgz" -C $B . 2>/dev/null
+} 2>&1 | tee "$OUT/layer-trace.txt"
