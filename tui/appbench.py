@@ -174,9 +174,9 @@ async def _run_app_side(engine: Any, prompt: str, replies: int, store_dir: Path,
                 marks: list[tuple[float, float]] = []                # (UI thread CPU, wall) at start and end
 
                 def mark() -> bool:                                   # polled every 20 ms by _until
-                    if len(marks) == int(not getattr(engine, "_generating", False)):   # the Engine's flag
+                    if len(marks) == int(not engine.state.generating):              # the Engine's own flag
                         marks.append((time.thread_time(), time.perf_counter()))       # this thread runs the UI
-                    return app.last_turn is not None and not app._generating
+                    return app.last_turn is not None and not app.busy
 
                 # Enter as the terminal would send it; pilot.press() would then wait for the screen, forcing refreshes
                 # (and, with short replies, return only once the reply is done)

@@ -22,7 +22,6 @@ from typing import Any
 from .. import configfile
 from ..profiles.policy import POLICIES
 
-
 APP_KEYS: dict[str, type | tuple[type, ...]] = {
     "model": str, "profile": str, "slots": (str, int), "mtp": bool, "mmap": bool, "auto_profile": bool,
     "model_dirs": list, "last_model": str, "policy": str}

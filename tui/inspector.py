@@ -7,7 +7,11 @@ Values measured at another slot count than the one in force (the last reply's to
 what-if line for other slots) are marked stale: dimmed, with the slot count they were measured at. An engine that
 counts its routing figures over one window (engine.window_stats: the split, CPU experts and uploads per token, the
 what-if line and the heatmap's miss column, all since the last slot or policy change) says which: the line above the
-split states it, and its split is never stale (it starts again at each change)."""
+split states it, and its split is never stale (it starts again at each change).
+
+The inspector refreshes itself: every INSPECT_EVERY seconds while it is shown it reads the App's engine through
+`source` (a snapshot and what the App knows beside it, View) and redraws what changed; its `headline` (slots, MTP,
+recording) is the app's title, which the App watches. The heatmap's hover lands in its hover line."""
 
 from __future__ import annotations
 
@@ -17,12 +21,16 @@ from typing import Any, Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.widgets import Digits, Label, Sparkline, Static
 
 from ..engine.api import Snapshot
 from ..profiles.policy import TIERED
 from .widgets.heatmap import SlotHeatmap
 from .widgets.splitbar import SplitBar
+
+INSPECT_EVERY = 0.25          # seconds between refreshes (while the inspector is shown)
 
 LEGEND = ("[b]colour[/b] a slot's recent hits (dark: none, bright: the layer's most) · [b]miss[/b] picks not in a "
           "slot, computed on host · [b]what-if[/b] hit % of these slots vs LRU / re-elect-16 · [b]MTP a/d[/b] (title) "
@@ -44,8 +52,8 @@ TIPS = {
                "the static slots, by the tier and on the CPU, and the misses uploaded into the tier per token "
                "(computed on the GPU in the same token; with fetch the GPU reads them itself, and the CPU computes "
                "only the misses of verify batches too large for the tier; with fetch-split the CPU computes a share "
-               "of every token's misses while the GPU reads the others); then weight bytes copied to the GPU per decode token (0 with "
-               "a static cache), experts computed on the CPU per token, the slot pack's size",
+               "of every token's misses while the GPU reads the others); then weight bytes copied to the GPU per "
+               "decode token (0 with a static cache), experts computed on the CPU per token, the slot pack's size",
     "whatif": "the profiles simulator on the recent routing: the static plan's hit rate (measured; est.: simulated "
               "for slots just changed) beside LRU and re-electing every 16 tokens with the same slots",
     "heatmap": "one row per layer: label, miss share (over the window above), then its slots coloured by recent hits "
@@ -61,6 +69,11 @@ class View:
     measured_at: int | None = None     # slots in force when the last reply ran (None: no reply yet)
     live: bool = False                 # a reply is streaming: the speed shown is live_tok_s once known
     live_tok_s: float | None = None    # its decode rate so far (None: fewer than two tokens yet: the last reply's)
+    recorded: int = 0                  # decode tokens recorded so far (while recording a profile)
+
+
+Source = Callable[[], "tuple[Snapshot, View] | None"]     # the engine's snapshot now and the App's View (None: no
+                                                          # engine to read, e.g. closing)
 
 
 def slots_of(snap: Snapshot) -> int:
@@ -78,6 +91,13 @@ def window_line(since: str, tokens: int) -> str:
     return f"since {since}: {tokens} token{'' if tokens == 1 else 's'}"
 
 
+def headline(snap: Snapshot, recorded: int) -> str:
+    """The app's title: "moeslots · 64 slots · MTP 7/10 drafts accepted · ● REC 120 tok"."""
+    rec = f" · ● REC {recorded} tok" if snap.recording else ""
+    mtp = f" · MTP {snap.mtp_accepted}/{snap.mtp_drafted} drafts accepted" if snap.mtp_drafted else ""
+    return f"moeslots · {slots_of(snap)} slots{mtp}{rec}"
+
+
 def policy(snap: Snapshot) -> str:
     if snap.policy in TIERED:
         return snap.policy_line or (f"{snap.policy}: {snap.tier_slots} tier slots per layer"
@@ -90,8 +110,11 @@ def policy(snap: Snapshot) -> str:
 
 
 class Inspector(Vertical):
-    def __init__(self, **kw: Any) -> None:
+    headline: var[str] = var("", init=False)     # the app's title (see headline()), once drawn
+
+    def __init__(self, source: Source | None = None, **kw: Any) -> None:
         super().__init__(**kw)
+        self.source = source
         self._shown: dict[str, Any] = {}
         self.updates = 0                        # widget updates made (tests: an unchanged snapshot makes none)
         self._unit = "tok/s"                    # the speed's unit label as shown
@@ -119,6 +142,28 @@ class Inspector(Vertical):
         self.query_one("#window").display = False
         for wid, tip in TIPS.items():
             self.query_one(f"#{wid}").tooltip = tip
+        self.set_interval(INSPECT_EVERY, self.poll)
+
+    def poll(self) -> None:
+        """A refresh, while shown (no work while hidden)."""
+        if not self.display or not self.is_attached or not self.app.is_running:
+            return
+        try:
+            self.draw()
+        except NoMatches:                               # mounting or tearing down
+            pass
+
+    def draw(self) -> None:
+        """The engine now, drawn (only what changed is touched)."""
+        reading = self.source() if self.source is not None else None
+        if reading is None:
+            return
+        snap, view = reading
+        self.headline = headline(snap, view.recorded)
+        self.show(snap, view)
+
+    def on_slot_heatmap_hovered(self, event: SlotHeatmap.Hovered) -> None:
+        self.hover(event.text)
 
     def _put(self, key: str, value: Any, apply: Callable[[Any], None]) -> None:
         if self._shown.get(key, ...) != value:

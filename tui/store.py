@@ -9,7 +9,7 @@ folder is opened read-only (copied into memory, so chatting works; nothing is sa
 file is moved aside to `chats.sqlite.damaged-<time>` and a fresh history starts (a notice); a write that fails
 mid-session (a full disk, an I/O error) moves the history into memory (one notice) and the chat goes on there.
 What cannot be handled at start-up (a newer schema, a file that cannot be opened) is one HistoryError line; the
-notices wait in `notices` until the app shows them (tui/chatflow.py).
+notices wait in `notices` until the app shows them (tui/chatpane.py).
 """
 
 from __future__ import annotations

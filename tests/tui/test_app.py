@@ -15,7 +15,6 @@ from moeslots.tui.screens.modals import SlotsScreen
 from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
-
 _wait = functools.partial(wait_until, timeout=5.0, step=0.05)
 
 

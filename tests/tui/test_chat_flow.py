@@ -16,7 +16,6 @@ from textual.widgets._markdown import MarkdownBlock, MarkdownBlockQuote, Markdow
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 
-
 _wait = wait_until
 
 

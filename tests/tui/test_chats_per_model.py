@@ -33,7 +33,8 @@ async def test_the_chat_list_shows_the_model(tmp_path: Path) -> None:
     app = MoeslotsApp(FakeEngine(), store=store, model_name="beta.gguf")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("ctrl+l")
-        await wait_until(pilot, lambda: bool(app.screen.query(DataTable)) and app.screen.query_one(DataTable).row_count == 2)
+        await wait_until(pilot, lambda: bool(app.screen.query(DataTable))
+                         and app.screen.query_one(DataTable).row_count == 2)
         t = app.screen.query_one(DataTable)
         models = sorted(str(t.get_row_at(i)[2]) for i in range(t.row_count))
         assert models == ["alpha", "beta"]

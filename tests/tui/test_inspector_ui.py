@@ -16,7 +16,6 @@ from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
 
-
 _wait = wait_until
 
 

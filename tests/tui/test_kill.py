@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from moeslots.tui.app import MoeslotsApp, Prompt
-from moeslots.tui.store import Store
 from moeslots.tui.mdtext import as_markdown
+from moeslots.tui.store import Store
 
 SCRIPT = Path(__file__).with_name("app_turns.py")
 

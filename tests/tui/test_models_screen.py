@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
 from pilot import wait_until
 from textual.widgets import DataTable
 

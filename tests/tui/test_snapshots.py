@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
 
 from moeslots.tui.app import MoeslotsApp, Prompt

@@ -19,9 +19,9 @@ import pytest
 from textual.widgets import Input, Markdown
 
 from moeslots.tui.app import MoeslotsApp, Prompt
+from moeslots.tui.mdtext import as_markdown
 from moeslots.tui.screens.modals import SlotsScreen
 from moeslots.tui.store import Store
-from moeslots.tui.mdtext import as_markdown
 from moeslots.tui.widgets.chat import ChatMessage
 
 STEPS = int(os.environ.get("MOESLOTS_SOAK_STEPS", "240"))

@@ -18,9 +18,9 @@ from textual._xterm_parser import XTermParser
 from textual.events import Key
 from textual.widgets import Digits
 
-from moeslots.tui.mdtext import mark_stopped
 from moeslots.engine.api import Done, TextDelta, TurnStats
 from moeslots.tui.app import MoeslotsApp, Prompt
+from moeslots.tui.mdtext import mark_stopped
 from moeslots.tui.store import Store
 from moeslots.tui.stream import ReplyBuffer
 
@@ -113,7 +113,7 @@ async def test_the_inspector_shows_a_live_tok_s_while_a_reply_streams(store: Sto
     async with app.run_test(size=(160, 48)) as pilot:
         toks, unit = app.query_one("#toks", Digits), app.query_one("#toks-unit")
         await wait_until(pilot, lambda: toks.value == "42.0")
-        app._reply = ReplyBuffer(clock=_ticks(0.1))                     # a piece every 0.1 s: 10 tok/s
+        app.chat_pane.reply = ReplyBuffer(clock=_ticks(0.1))            # a piece every 0.1 s: 10 tok/s
         await _ask_and_hold(app, eng, pilot, "round 1")
         await wait_until(pilot, lambda: toks.value == "10.0", timeout=30)  # live, not the last reply's 42.0
         assert "live" in str(unit.render())                            # and says so

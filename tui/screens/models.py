@@ -1,16 +1,16 @@
 """The model picker (F4): the GGUFs found on this machine (engine.discovery: Hugging Face cache, LM Studio,
 [app] model_dirs, the current folder) with size, arch, experts and whether they fit; Enter switches the app to one.
 
-Switching closes the running engine and opens the chosen model through the app's opener (the CLI's, which also
-remembers it as [app] last_model); the chat goes on with the new model (its next reply re-reads the chat). When the
-new model fails to open, the previous one is opened again.
+The screen only returns the chosen path; the switch itself is tui/modelswitch.py's (a worker): it closes the
+running engine and opens the chosen model through the app's opener (the CLI's, which also remembers it as [app]
+last_model); the chat goes on with the new model (its next reply re-reads the chat). When the new model fails to
+open, the previous one is opened again. Switching, below, stands in for the engine meanwhile.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -19,11 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 from ...engine import discovery
-from ...engine.api import Engine, Snapshot
+from ...engine.api import Snapshot
 from ...engine.errors import EngineError
-
-if TYPE_CHECKING:
-    from ..app import MoeslotsApp
 
 Scan = Callable[[], discovery.Survey]
 
@@ -131,75 +128,3 @@ class Switching:
 
     def close(self) -> None:
         pass
-
-
-def open_picker(app: "MoeslotsApp") -> None:
-    if app._generating:
-        app.notify("stop the reply first (Esc)", severity="warning")
-        return
-
-    def scan() -> discovery.Survey:
-        return discovery.survey(app.model_dirs)
-
-    def picked(path: Path | None) -> None:
-        if path is not None:
-            switch_model(app, path)
-
-    app.push_screen(ModelsScreen(scan, app.model_path), callback=picked)
-
-
-def switch_model(app: "MoeslotsApp", path: Path) -> None:
-    if app.model_path is not None and path.resolve() == app.model_path.resolve():
-        app.notify(f"{path.name} is the model in use")
-        return
-    if app.opener is None:
-        app.notify(f"this app cannot open another model: run `moeslots chat {path}`", severity="warning")
-        return
-    app.notify(f"opening {path.name}…")
-    app._generating = True                 # busy until _switched: no reply, slot change or new chat meanwhile
-    threading.Thread(target=_switch, args=(app, path), name="moeslots-switch", daemon=True).start()
-
-
-def _switch(app: "MoeslotsApp", path: Path) -> None:
-    """Worker thread: the old engine is taken out of the app (on the UI thread: no snapshot is half-way through it)
-    and closed, then the new model opened; on failure the old model is opened again."""
-    assert app.opener is not None
-    old, old_path = app.engine, app.model_path
-    stand_in = Switching(path)
-    app.call_from_thread(setattr, app, "engine", stand_in)
-    old.close()
-    try:
-        new = app.opener(path, progress=stand_in.say)
-    except Exception as e:  # noqa: BLE001 - any failure to open is the user's to read; the app goes on
-        msg = f"could not open {path.name}: {e}"
-        if old_path is None:
-            app.call_from_thread(app.exit, message=msg + " (and no previous model to go back to)")
-            return
-        try:
-            new = app.opener(old_path, progress=stand_in.say)
-        except Exception as e2:  # noqa: BLE001
-            app.call_from_thread(app.exit, message=f"{msg}; reopening {old_path.name} failed too: {e2}")
-            return
-        app.call_from_thread(_switched, app, new, old_path, msg)
-        return
-    app.call_from_thread(_switched, app, new, path, "")
-
-
-def _switched(app: "MoeslotsApp", engine: Engine, path: Path, error: str) -> None:
-    app.engine, app.model_path, app.model_name = engine, path, path.name
-    app._generating = False
-    app.sub_title = path.name
-    app._notices_seen = 0
-    app._repick_seen = engine.snapshot().repick_every
-    if error:
-        app.notify(error, severity="error", timeout=12)
-    else:
-        # a chat belongs to its model: the one switched to continues its own last chat, or starts one
-        mine = app.store.last_chat(path.name)
-        chat = mine or app.store.new_chat(app.store.system(app.chat_id), model=path.name)
-        if chat != app.chat_id:
-            app.call_later(app.show_chat, chat)
-        app.notify(f"switched to {path.name}: " + ("its last chat" if mine else "a new chat for it")
-                   + " (Ctrl+L lists every chat)", timeout=8)
-    app._say_new_notices()
-    app.refresh_inspector()

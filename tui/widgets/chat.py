@@ -34,8 +34,10 @@ class Prompt(TextArea):
 
     def show_state(self, state: str, stop_key: str = "Esc") -> None:
         """The box's title says what Enter does now: '' (idle: it sends), 'answering' (the question waits and is
-        sent when the reply ends) or 'stopping' (it sends once the reply has stopped)."""
+        sent when the reply ends), 'waiting' (one does) or 'stopping' (it sends once the reply has stopped)."""
         self.border_title = {"answering": f"answering… {stop_key}: stop",
+                             "waiting": f"answering… {stop_key}: stop · your question waits: sent when this reply "
+                                        "ends",
                              "stopping": "stopping… Enter: send when stopped"}.get(state, "")
 
     async def _on_key(self, event: Any) -> None:

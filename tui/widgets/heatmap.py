@@ -3,7 +3,8 @@ the expert in each slot). It fits the panel's width at any slot count: two colum
 one, then several slots merged per column (their mean hits; the header says how many), so the miss column is never
 pushed off-screen (Qwen3.6: 256 experts per layer). Layers scroll under a fixed header line (40-48+ layers).
 
-Line API: one cached Strip per layer, rebuilt only when its data or the width changed."""
+Line API: one cached Strip per layer, rebuilt only when its data or the width changed. The mouse over it posts
+Hovered with what is under it (the inspector shows it in its hover line)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import math
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
+from textual import events
 from textual.color import Color, Gradient
 from textual.geometry import Region, Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -58,6 +61,13 @@ class SlotHeatmap(ScrollView):
     SlotHeatmap > .heatmap--header { color: $text-muted; text-style: italic; }
     """
     sorted_view: reactive[bool] = reactive(False)
+
+    class Hovered(Message):
+        """The mouse is over something the heatmap can describe (describe_at)."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -114,6 +124,12 @@ class SlotHeatmap(ScrollView):
                 self.refresh(Region(0, y + HEADER - top, self.size.width, 1))
 
     # -- hover ------------------------------------------------------------------------------------------------
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        off = event.get_content_offset(self)
+        text = self.describe_at(off.x, off.y) if off is not None else None
+        if text:
+            self.post_message(self.Hovered(text))
 
     def describe_at(self, x: int, y: int) -> str | None:
         """What is under (x, y) of the visible area: a cell, a miss share, the header; None for nothing."""
