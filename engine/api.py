@@ -35,16 +35,16 @@ class EngineConfig:
     mtp_draft: int = 1                              # draft length
     mtp_auto: bool = True                           # drafting off while acceptance < measured break-even (mtp_auto)
     mtp_head_on_gpu: bool = True                    # the NextN block's experts on the GPU (else host, no slots):
-                                                    # the fastest placement on the H200 box (docs/performance.md)
+                                                    # the fastest placement measured (docs/performance.md)
     threads: int | None = None
     pack_host: bool = False                         # hot packs in host memory (tests / CPU-only)
     mmap: Union[bool, str] = "auto"                 # experts mmap'ed (pageable); False: read into pinned host
-                                                    # memory — prompts ~5x faster on the H200 box, RAM held;
+                                                    # memory — prompts ~5x faster (docs/performance.md), RAM held;
                                                     # "auto": pinned when free RAM holds them (engine.hardware)
     auto_profile: bool = False                      # no profile given: plan from the first prompt, record and
                                                     # save one per model, use it next time (engine.autoprofile)
     async_cpu: bool = False                         # host chain overlaps the GPU chain (patch 0002; process-wide;
-                                                    # off by default: no gain on the H200 box, docs/performance.md)
+                                                    # off by default: no gain measured, docs/performance.md)
     stats_ring: int = 1 << 16                       # routing rows kept (recording reads each turn's rows from it)
     repick_every: int = 0                           # re-pick residents every N decode tokens (0: static cache)
     repick_swaps: int = 4                           # at most M swaps per layer per re-pick

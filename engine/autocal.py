@@ -10,8 +10,8 @@ What it measures, each with the engine under uniform replayed routing in a small
 3. with the experts pinned and a GPU: the GPU-stepped tier's reading rate, its fixed part, its CPU share's cost per
    layer and the CPU's rate on that share (engine.fetch_rates).
 Mapped experts are read once first (every expert, no slots): their pages would otherwise come in during the first
-measurement. Without a GPU only the first can be measured (a lower bound: both chains run on the CPU), and the record says what
-it skipped. Stored in config.toml under the machine, shape, threads and memory (engine.calibrate.entry_key).
+measurement. Without a GPU only the first can be measured (a lower bound: both chains run on the CPU), and the record
+says what it skipped. Stored in config.toml under the machine, shape, threads and memory (engine.calibrate.entry_key).
 """
 
 from __future__ import annotations

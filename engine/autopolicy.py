@@ -39,8 +39,8 @@ class AutoPolicy:
     def decide(self, slots: int) -> tuple[str, int, str]:
         """(policy, tier slots, why) for a plan of `slots` per layer."""
         if self._forced is not None:                       # the check's switch: the same plan, another policy
-            (pol, d), self._forced = self._forced, None
-            return pol, d, self.check.line if self.check is not None else pol
+            (pol, tier), self._forced = self._forced, None
+            return pol, tier, self.check.line if self.check is not None else pol
         self.decision, self.check = None, None
         eng = self.eng
         if slots <= 0:

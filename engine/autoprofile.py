@@ -106,7 +106,7 @@ class _Saver:
                     return
             try:
                 job()
-            except Exception as e:  # noqa: BLE001 - a full disk must not end the chat; said once, the file intact
+            except Exception as e:  # a full disk must not end the chat; said once, the file intact
                 self._on_error(f"could not save the recorded profile: {e}")
 
     def flush(self, timeout: float = 60.0) -> None:

@@ -89,7 +89,7 @@ class BuildFlags:
         f = self.resolved()
         args = [f"-DGGML_NATIVE={'ON' if f.native else 'OFF'}", f"-DLLAVA_BUILD={'ON' if f.mtmd else 'OFF'}",
                 f"-DMOESLOTS_PATCH_ID={patch_id}",
-                # A toolchain that links libstdc++ statically (the H200 box's /opt/gcc does) leaves a full copy
+                # A toolchain that links libstdc++ statically (some GCC builds under /opt do) leaves a full copy
                 # of it, exported, in every .so: libllama then binds std:: symbols to libggml-cuda's copy or its
                 # own depending on import order, and crashed in llama_model::print_info when numpy/gguf were
                 # imported first. Keep each library's static archives private.

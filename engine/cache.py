@@ -56,7 +56,7 @@ class SlotPlan:
         return cls({il: tuple((offset + j) % n_expert for j in range(n_slots)) for il in moe_layers})
 
 
-def _bind() -> object:
+def _bind() -> ctypes.CDLL:
     L = native.lib()
     if not native.hasattr_symbol(L, "llama_moeslots_cache_configure"):
         raise EngineError("the installed engine lacks the expert cache patch: rebuild with `moeslots engine build`")

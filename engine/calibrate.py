@@ -4,8 +4,8 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
 - upload rates (with a GPU): re-pick swaps (`cache.swap`, one slab host -> pack) from the model's host weights,
   from pageable memory (mmap, the default load) and from pinned memory (a second load without mmap: CUDA_Host),
   each as single copies (one swap timed on its own, the median: a prefetch's latency) and batched (a run of swaps
-  over every layer timed as a whole: a re-pick's or a tier job's throughput). Batched copies through one pinned
-  staging buffer on a copy stream are the cache rewrite's (issue 18); these are the copies the cache makes today.
+  over every layer timed as a whole: a re-pick's or a tier job's throughput). These are the copies the cache makes
+  today (not copies batched through one pinned staging buffer on a copy stream, which it does not make).
 - CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): decode with
   uniform replayed routing at S/2 and at S slots (cpu_rate); the picks left to the CPU are exactly known from the
   native stats, so cpu_gbps = (CPU bytes/token at S/2 - at S) / (t(S/2) - t(S)) and base_ms = t(S) - CPU bytes at S
@@ -18,7 +18,7 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   GPU (llama.cpp's op-offload, batches >= 32) and computed on the CPU, from pageable and from pinned memory; the
   engine's contexts take the faster way (`prompt_path`).
 - Without a GPU there is no PCIe to measure: the upload rates stay 0, `unmeasured` says so, and the cost model
-  takes the H200 box's (profiles.costs) for them; the host-to-host copy rate is kept for information only.
+  takes its defaults (profiles.costs) for them; the host-to-host copy rate is kept for information only.
 
 Results are kept per machine (host name + GPU) in config.toml under [calibration."<machine>"].
 """
@@ -30,7 +30,7 @@ import platform
 import time
 import tomllib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,7 +90,8 @@ class Calibration:
     def cost_model(self, slab_mb: float | None = None, *, pinned: bool = False,
                    threads: int | None = None) -> CostModel:
         """pinned: the experts live in pinned host memory (loaded without mmap); an mmap'ed model's re-pick
-        copies come from pageable memory (4x slower on the H200 box). Unmeasured uploads (no GPU): the H200 box's.
+        copies come from pageable memory (the defaults: 5.3 GB/s, against 25.6 pinned). Unmeasured uploads (no
+        GPU): the defaults' (profiles.costs).
         threads: the CPU rate measured at that thread count, when it was."""
         pcie = (self.upload_pinned_gbps if pinned else 0.0) or self.upload_pageable_gbps
         pcie = pcie or CostModel.h200(pinned=pinned).pcie_gbps
@@ -205,7 +206,8 @@ def _entry(d: object) -> Calibration | None:
     if not isinstance(d, dict):
         return None
     try:
-        c = Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        c = Calibration(**values)
     except TypeError:
         return None
     ok = all(isinstance(getattr(c, f.name), (int, float)) for f in dataclasses.fields(c) if f.type in ("float", "int"))
@@ -216,7 +218,7 @@ def costs_for(slab_bytes: int, *, pinned: bool, threads: int | None = None,
               shape: str = "") -> tuple[CostModel, str]:
     """The costs every estimate uses (`--repick auto`, `--policy auto`, the slots line, `bench repick`'s simulator
     column): this machine's calibration for a model of `slab_bytes` per expert (the CPU rate at `threads`; the
-    first-run calibration of this model `shape` when there is one), or the H200 box's (profiles.costs), and a line
+    first-run calibration of this model `shape` when there is one), or the defaults (profiles.costs), and a line
     saying which. pinned: the experts live in pinned host memory (loaded without mmap), else pageable."""
     slab_mb = slab_bytes / 1e6 or CostModel.slab_mb
     kind = "pinned" if pinned else "pageable (mmap)"
@@ -315,7 +317,7 @@ def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack
     """(CPU expert GB/s, base ms/token, method) at `threads`, from static decodes at S/2 ("lo") and S ("hi") slots
     under uniform replayed routing, in `order` (the last of each counts: the warm one). Both have slots in every
     layer, so both pay the host chain's round trip per layer and their difference is the CPU's work alone (0 slots
-    against S would credit the CPU with the round trips that S adds: a rate too high by half on the H100 box).
+    against S would credit the CPU with the round trips that S adds: a rate too high by half).
     ctx: a context of this model to decode in (at least n_tokens + 9 positions; default: one of its own). Without a
     GPU (packs in host memory) both chains run on the CPU: the rate is the S/2 routed bytes over the token time, a
     lower bound."""

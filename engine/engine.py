@@ -10,7 +10,6 @@ loop: slot plans (engine.slots), re-picks and `--repick auto` (engine.residency)
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -20,10 +19,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ..profiles.trace import Trace, write_csv
-from . import autocal, autoprofile, calibrate, discovery, hardware
+from . import autocal, autoprofile, calibrate, discovery, hardware, native, recurrent, window, window_stats
 from . import cache as cache_mod
 from . import model as model_mod
-from . import native, recurrent, window, window_stats
+from . import mtp as mtp_mod
 from . import recent as recent_mod
 from . import slots as slots_mod
 from . import stats as stats_mod
@@ -31,13 +30,12 @@ from .api import Done, EngineConfig, LayerSnapshot, Message, Sampling, Snapshot,
 from .cache import SlotPlan
 from .errors import EngineError, refuse_closed
 from .model import Context, Detokenizer, LoadOptions, Model, default_threads
-from . import mtp as mtp_mod
 from .mtp import MTP, sample
 from .mtp_auto import AdaptiveMTP
 from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
-from .state import EngineState
 from .slots import plan_from_profile
+from .state import EngineState
 from .template import generation_start, render_chat
 
 if TYPE_CHECKING:
@@ -85,7 +83,7 @@ class Engine:
         self._turn = (Sampling(cfg.temperature), self._rng)   # this reply's sampling and its draws (chat())
         self.load_line = "expert cache: off"
         self._rec: Recorder | None = None             # routing rows recorded so far (while recording)
-        self.counts_window = window_stats.Window(self.model.facts, self.model.n_layer_all)  # the inspector's figures' window
+        self.counts_window = window_stats.Window(self.model.facts, self.model.n_layer_all)  # the inspector's figures
         self._recent = recent_mod.RecentCounts(self.model.n_layer_all, self.model.facts.n_expert,
                                                self.model.facts.n_expert_used, max(cfg.stats_ring, 0))
         self.mtp_auto = AdaptiveMTP(self.mtp, self._sample) if self.mtp is not None and cfg.mtp_auto else None
@@ -139,7 +137,8 @@ class Engine:
             self.state.set_plan(plan)
             self.load_line = line
             self.residency.plan_applied(plan, spare, choice)
-            self.counts_window.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS, self.state.upload_bytes, est)
+            self.counts_window.mark(st, window_stats.POLICY if plan == old else window_stats.SLOTS,
+                                    self.state.upload_bytes, est)
         return line
 
     def _resolve_plan(self, p: Union[int, str, SlotPlan, None]) -> SlotPlan:
@@ -154,7 +153,7 @@ class Engine:
                                  notices=self.notices, spare=self.residency.may_move())
 
     def cost_model(self) -> "tuple[CostModel, str]":
-        """This machine's calibrated costs for this model (or the H200 box defaults), and where they come from."""
+        """This machine's calibrated costs for this model (or the defaults), and where they come from."""
         f = self.model.facts
         return calibrate.costs_for(f.slab_bytes, pinned=not self.model.opts.use_mmap, shape=autocal.shape_of(f),
                                    threads=self.cfg.threads or default_threads())
@@ -211,7 +210,7 @@ class Engine:
         return render_chat(self.model, messages)
 
     def chat(self, messages: Sequence[Message], cancel: threading.Event | None = None,
-             max_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[Union[TextDelta, Done]]:
+             sampling: Sampling | None = None, *, max_tokens: int | None = None) -> Iterator[Union[TextDelta, Done]]:
         """A reply, streamed. sampling: this reply's (None: greedy, or EngineConfig.temperature)."""
         refuse_closed(self._closed, "this engine")
         s = sampling or Sampling(self.cfg.temperature)
@@ -305,7 +304,7 @@ class Engine:
         if self._auto is not None and st_before is not None:
             self._auto.after_reply(self, st_before, st1, n, end=len(toks) + n)   # saved in the background
         if n:
-            self.counts_window.after_reply(st1, self.state.plan)     # the what-if line: here, not in snapshot() (the UI thread)
+            self.counts_window.after_reply(st1, self.state.plan)  # what-if line: here, not in snapshot() (UI thread)
             self.residency.after_reply(st1, self.state.decode_tokens + n, n, t2 - t1)
         hits = int(st1.hits.sum() - st0.hits.sum())
         miss = int(st1.misses.sum() - st0.misses.sum())
@@ -367,15 +366,14 @@ class Engine:
             plan, f, ptr, res = self.state.plan, self.model.facts, self.ctx.ptr, self.residency
             st = self._recent.update(lambda rows: stats_mod.read(ptr, self.model.n_layer_all, f.n_expert,
                                                                  f.n_expert_used, rows))   # the new rows only
-            w = self.counts_window.figures(st, self.state.upload_bytes)     # every routing figure: since the last change
+            w = self.counts_window.figures(st, self.state.upload_bytes)   # every routing figure: since the last change
             layers = [LayerSnapshot(*v) for v in w.layer_views(self._recent.counts, plan.slots_of)]
             fields = res.snapshot_fields(w)
             return Snapshot(
                 whatif=w.whatif, model_name=f.name, load_line=self.load_line, layers=tuple(layers),
-                gpu_share=w.gpu_share, cpu_experts_per_token=fields.pop("cpu_experts_per_token", w.cpu_per_token),
-                upload_mb_per_token=w.upload_mb_per_token, window_since=w.since, window_tokens=w.tokens,
-                tok_s_last=self._tok_s[-1] if self._tok_s else 0.0, tok_s_rolling=tuple(self._tok_s),
-                prompt_tok_s=self._prompt_tok_s,
+                gpu_share=w.gpu_share, upload_mb_per_token=w.upload_mb_per_token, window_since=w.since,
+                window_tokens=w.tokens, tok_s_last=self._tok_s[-1] if self._tok_s else 0.0,
+                tok_s_rolling=tuple(self._tok_s), prompt_tok_s=self._prompt_tok_s,
                 mtp_drafted=self.mtp.stats.drafted if self.mtp else 0,
                 mtp_accepted=self.mtp.stats.accepted if self.mtp else 0,
                 mtp_line=self.mtp_auto.line() if self.mtp_auto else ("MTP on (always)" if self.mtp else ""),
@@ -404,17 +402,17 @@ class Engine:
         try:
             self._close()
         finally:
-            if got:
+            if got and busy is not None:
                 busy.release()
 
     def _close(self) -> None:
-        if getattr(self, "_auto", None) is not None:
-            self._auto.close()                         # the last reply's profile save finishes first
+        if (auto := getattr(self, "_auto", None)) is not None:
+            auto.close()                               # the last reply's profile save finishes first
         if getattr(self, "residency", None) is not None:
             self.residency.close()
         with self.state.lock:
-            if getattr(self, "mtp", None) is not None:
-                self.mtp.close()
+            if (mtp := getattr(self, "mtp", None)) is not None:
+                mtp.close()
                 self.mtp = None
             if getattr(self, "ctx", None):
                 self.ctx.close()

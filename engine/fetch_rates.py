@@ -80,7 +80,7 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
     raw: list[str] = []
 
     def run(s: int, share: bool, c: CostModel = dear) -> TierRun | None:
-        r = _tier_run(m, ctx, moe, s, share, c, toks, pack_host, log)
+        r = _tier_run(m, dctx, moe, s, share, c, toks, pack_host, log)
         if r is not None:
             line = (f"GPU-stepped tier{' with a CPU share' if share else ''}, {s} slots: {r.ms:.2f} ms/token, "
                     f"{r.mb:.1f} MB copied/token" + (f", {r.cpu} CPU misses" if r.cpu else ""))
@@ -88,13 +88,14 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
             log(line)
         return r
 
-    with contextlib.nullcontext(ctx) if ctx is not None else Context(m, n_ctx=n_tokens + 64, threads=threads) as ctx:
-        replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
+    with contextlib.nullcontext(ctx) if ctx is not None else Context(m, n_ctx=n_tokens + 64, threads=threads) as dctx:
+        replay.set_replay(dctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
         try:
             big, half = run(sizes[0], False), run(sizes[1], False)
             if big is None or half is None:
                 return FetchCosts(raw=tuple(raw))
-            plain, shared = [half], []
+            plain: list[TierRun] = [half]
+            shared: list[TierRun] = []
             for i in range(ROUNDS):
                 for share in ((True, False) if i % 2 == 0 else (False, True)):    # taking turns: drift cancels
                     if i == 0 and not share:
@@ -122,7 +123,7 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                     fits.append(g)
                     c = dataclasses.replace(c, share_cpu_gbps=g or c.cpu_gbps)
         finally:
-            replay.set_replay(ctx.ptr, None)
+            replay.set_replay(dctx.ptr, None)
             m.set_slots(SlotPlan({}), pack_host=pack_host)
     return dataclasses.replace(line, share_ms=share_ms, share_cpu_gbps=fits[-1] if fits else 0.0, raw=tuple(raw))
 

@@ -3,10 +3,9 @@
 ctypes releases the GIL around every call into a CDLL and takes it back afterwards. Taking it back waits, when
 another thread is running Python (the app's UI), until that thread gives it up: up to the interpreter's switch
 interval (5 ms by default) per call. A plain decode step made about six such calls (stats batch mark, decode,
-logits, token piece, end-of-generation checks), so a busy UI thread could add milliseconds to every token
-(docs/lab/2026-12-03-app-speed.md). These calls take microseconds, so they are rebound here through a PyDLL
-handle of the same library, which keeps the GIL: a decode step now lets go of it once, inside `llama_decode`,
-where the work is.
+logits, token piece, end-of-generation checks), so a busy UI thread could add milliseconds to every token.
+These calls take microseconds, so they are rebound here through a PyDLL handle of the same library, which keeps
+the GIL: a decode step now lets go of it once, inside `llama_decode`, where the work is.
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ def hold_gil(module: Any, names: tuple[str, ...] = CHEAP) -> list[str]:
     if id(lib) in _DONE:
         return []
     py = ctypes.PyDLL(lib._name, handle=lib._handle)
+    ext: Any
     try:
-        import llama_cpp.llama_cpp_ext as ext  # type: ignore[import-not-found]
+        import llama_cpp.llama_cpp_ext as ext
     except ImportError:
         ext = None
     done = []
@@ -53,6 +53,7 @@ def hold_gil(module: Any, names: tuple[str, ...] = CHEAP) -> list[str]:
         if fn is not None and releases_gil(fn) and fn.argtypes is not None:
             # llama_cpp_ext binds some symbols under mangled C++ names: the same function by its address
             addr = ctypes.cast(fn, ctypes.c_void_p).value
+            assert addr is not None             # a bound C function's address
             setattr(ext, name, ctypes.PYFUNCTYPE(fn.restype, *fn.argtypes)(addr))
             done.append(name)
     _DONE.add(id(lib))

@@ -169,7 +169,7 @@ def pinned_fits(expert_bytes: int, available: int) -> bool:
 
 
 def choose_load_mode(expert_bytes: int, available: int | None, override: bool | None = None) -> LoadMode:
-    """mmap (pageable, the file's pages) or pinned host memory (read in: ~5x faster prompts on the H200 box, faster
+    """mmap (pageable, the file's pages) or pinned host memory (read in: ~5x faster prompts with a GPU, faster
     expert uploads, RAM held). override: True/False from --mmap/--no-mmap or [app] mmap; None: decide from RAM."""
     if override is not None:
         how = "mapped from the file (mmap)" if override else "read into pinned host memory"

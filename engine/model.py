@@ -28,7 +28,7 @@ _EXPERT_BIAS = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.bias$")
 # Native objects still open at interpreter exit are closed by an atexit hook, in dependency order (MTP draft
 # contexts, then contexts, then models), while the interpreter and the GPU runtime are whole. Left to garbage
 # collection at shutdown, a model's close could fail silently (imports no longer work) and leave its expert cache
-# to be freed by a C++ static destructor after the CUDA runtime is gone: a segfault at exit on the H200 box.
+# to be freed by a C++ static destructor after the CUDA runtime is gone: a segfault at exit (CUDA builds).
 # An engine goes first: it closes its own objects, or, when a reply is still being generated on another thread,
 # leaves them open (untrack), since freeing a context under a running decode would crash where leaking cannot.
 _OPEN: tuple[weakref.WeakSet, ...] = tuple(weakref.WeakSet() for _ in range(4))
@@ -53,7 +53,7 @@ def close_all_open() -> None:
         for obj in list(group):
             try:
                 getattr(obj, "close_at_exit", obj.close)()
-            except Exception:  # noqa: BLE001 - best effort at exit; the next group must still be closed
+            except Exception:  # best effort at exit; the next group must still be closed
                 pass
 
 
@@ -115,7 +115,7 @@ def inspect_gguf(path: Path) -> ModelFacts:
                 slab += int(t.nbytes) // n_expert
         biased = sorted(n for n in names if _EXPERT_BIAS.match(n))
         nextn_tensors = n_nextn == 0 or f"blk.{n_block - n_nextn}.nextn.eh_proj.weight" in names
-    except Exception as e:  # noqa: BLE001 - any parse failure of a damaged file is the same user error
+    except Exception as e:  # any parse failure of a damaged file is the same user error
         raise ModelError(f"{path} is not a valid GGUF file ({type(e).__name__}: {e})") from e
     if not arch:
         raise ModelError(f"{path} has no general.architecture: not a model GGUF")
@@ -226,7 +226,7 @@ class Model:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # interpreter shutdown
             pass
 
     # -- text ----------------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ class Context:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
     def reset(self) -> None:

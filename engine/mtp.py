@@ -45,8 +45,8 @@ class MTPStats:
         return self.tokens / self.steps if self.steps else 0.0
 
 
-def _ext():  # noqa: ANN202
-    import llama_cpp.llama_cpp_ext as ext  # type: ignore[import-not-found]
+def _ext():
+    import llama_cpp.llama_cpp_ext as ext
 
     return ext
 
@@ -194,6 +194,7 @@ class MTP:
         for _ in range(max(0, budget)):
             logits, h = self._draft_one(tok, pos, h)
             if sample:
+                assert rng is not None
                 q = probs(logits, rules, tail + drafts)
                 d = int(rng.choice(q.size, p=q))
                 qs.append(q)
@@ -207,6 +208,7 @@ class MTP:
         t3 = time.perf_counter()
         a = 0
         if sample:
+            assert rng is not None
             nxt = -1
             while a < len(drafts):
                 p = probs(ctx.logits(a), rules, tail + drafts[:a])

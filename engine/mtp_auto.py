@@ -5,8 +5,8 @@ An MTP step (draft 1) costs t_mtp and emits 1 + a tokens on average (a: acceptan
 and emits one. Drafting pays when (1 + n_draft * a) / t_mtp > 1 / t_plain, so the break-even acceptance is
 a* = (t_mtp / t_plain - 1) / n_draft. Both step times are measured here, on this machine, model and context:
 a few plain steps at the start of the first reply (and two more every `recalibrate` MTP steps, as the context
-grows), the MTP steps as they run. About 35 % at draft 1 on the H200 box (docs/benchmarks.md); on a CPU the verify
-batch costs nearly two plain steps, so drafting rarely pays there.
+grows), the MTP steps as they run. With the slots on a GPU it is about 35 % at draft 1 (docs/performance.md); on
+a CPU the verify batch costs nearly two plain steps, so drafting rarely pays there.
 
 Off, the engine decodes plain steps and after `probe_every` tokens tries `probe_steps` MTP steps (the gap doubles
 after each probe that fails, up to `probe_max`): the first feeds the draft context the rows it missed (kept

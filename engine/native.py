@@ -30,7 +30,7 @@ def _install_hint() -> str:
 def llama() -> Any:
     """The llama_cpp.llama_cpp module, with the backend initialised and its logging routed through us."""
     try:
-        import llama_cpp.llama_cpp as L  # type: ignore[import-not-found]
+        import llama_cpp.llama_cpp as L
     except ImportError as e:
         raise NotPatchedError(f"the engine (llama-cpp-python) is not installed: {_install_hint()}") from e
     except OSError as e:  # a broken .so (e.g. a CUDA build on a machine without the CUDA runtime)
@@ -204,7 +204,7 @@ def require_patched() -> str:
     """Refuse to run the product on a stock or stale engine; returns the version string."""
     v = patch_version()
     if v is None:
-        import llama_cpp  # type: ignore[import-not-found]
+        import llama_cpp
 
         raise NotPatchedError(f"the installed llama-cpp-python {llama_cpp.__version__} is not the moeslots-patched "
                               f"engine: {_install_hint()}")
@@ -284,12 +284,13 @@ def doctor_report() -> DoctorReport:
         L = llama()
     except EngineError as e:
         return DoctorReport("not installed", False, False, None, None, expected_patch_id(), [], threads, "", str(e))
-    import llama_cpp  # type: ignore[import-not-found]
+    import llama_cpp
 
     v = patch_version()
     pid, want = engine_patch_id(), expected_patch_id()
     info = L.llama_print_system_info().decode().strip()
-    feats = " ".join(tok.split(" = ")[0].split(":")[-1].strip() for tok in info.split("|") if tok.strip().endswith("= 1"))
+    feats = " ".join(tok.split(" = ")[0].split(":")[-1].strip() for tok in info.split("|")
+                     if tok.strip().endswith("= 1"))
     return DoctorReport(f"llama-cpp-python {llama_cpp.__version__} at {os.path.dirname(llama_cpp.__file__)}",
                         v is not None, v is not None and (want is None or pid == want), v, pid, want, devices(),
                         threads, feats.strip())

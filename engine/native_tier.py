@@ -1,8 +1,9 @@
 """The dynamic tier run by the engine itself (patch 0007; stepped on the GPU: patch 0008): per layer the plan's last
 D slots follow the routing, and each miss of a decode token is computed on the CPU or uploaded into the tier now and
-computed on the GPU in the same token, whichever this machine's costs say (profiles.hybrid's rule with the NATIVE mechanism, stepped inside
-the graph: no Python between layers). This module binds the C calls and keeps the Python view of it: the plan the
-cache holds (core + the tier's residents) and the per-token split (core / tier / uploaded / CPU).
+computed on the GPU in the same token, whichever this machine's costs say (profiles.hybrid's rule with the NATIVE
+mechanism, stepped inside the graph: no Python between layers). This module binds the C calls and keeps the Python
+view of it: the plan the cache holds (core + the tier's residents) and the per-token split (core / tier / uploaded /
+CPU).
 
 (The first tier was stepped from Python between tokens, its prefetches staged on a worker thread into a spare pack
 entry and committed a token later; the simulator keeps that as the STAGED mechanism, a what-if.)
@@ -23,7 +24,7 @@ from .cache import ERR_INPUT, CacheError, SlotPlan
 DECAY = 0.95          # profiles.hybrid.Tier's default: the simulator's
 
 
-def _bind() -> object:
+def _bind() -> ctypes.CDLL:
     L = native.lib()
     f = L.llama_moeslots_tier_set
     if f.argtypes is None:
@@ -95,8 +96,8 @@ def residents(model_ptr: int, il: int, n_tier: int) -> tuple[int, ...]:
 
 class NativeTier:
     """The engine's tier over a plan of S slots per layer (its last `tier` slots move); the same face as
-    the first (Python-stepped) tier had for engine.residency. Between decodes: `step()` takes the counts (the inspector's
-    split) and, every REFRESH decode tokens with uploads, returns the plan the cache holds then."""
+    the first (Python-stepped) tier had for engine.residency. Between decodes: `step()` takes the counts (the
+    inspector's split) and, every REFRESH decode tokens with uploads, returns the plan the cache holds then."""
 
     REFRESH = 32     # decode tokens between two readings of the tier's residents (the inspector's heatmap)
     COUNT_EVERY = 16  # a GPU-stepped tier: decode tokens between two readings of its counts (one read per layer)

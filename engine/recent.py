@@ -1,11 +1,10 @@
 """The inspector's recent routing, kept up to date from the rows written since the last look.
 
 `Engine.snapshot()` runs every UI refresh. It used to copy the whole routing ring (65,536 rows by default, 1.5 MB
-on the bundled model) and bincount it each time: 3.6 ms on a full ring, growing with the session
-(docs/lab/2026-12-03-app-speed.md). `RecentCounts` reads only the newest rows (the native read returns the newest
-`ring_rows` rows with counters of the same instant), adds them to per (layer, expert) counts and takes away the
-rows the ring overwrote, which it remembers in a mirror of the ring's slots. Each update costs the rows written
-since the last one.
+on the bundled model) and bincount it each time: 3.6 ms on a full ring, growing with the session. `RecentCounts`
+reads only the newest rows (the native read returns the newest `ring_rows` rows with counters of the same instant),
+adds them to per (layer, expert) counts and takes away the rows the ring overwrote, which it remembers in a mirror
+of the ring's slots. Each update costs the rows written since the last one.
 
 Rows written so far are the picks over k (every row counts k picks). A continuity check backs that up: the row
 before the new ones must be the newest row of the last update; any mismatch (a stats reset, a skipped id, more
@@ -53,7 +52,7 @@ class RecentCounts:
             new = self._written(st) - self._seen
         have = len(st.ring)
         if new < 0 or new >= self.cap or new + check > have or \
-                (check and not np.array_equal(st.ring[have - new - 1], self._last)):
+                (self._last is not None and not np.array_equal(st.ring[have - new - 1], self._last)):
             return self._rebuild(read)
         if new:
             self._add(st.ring[have - new:], self._seen)

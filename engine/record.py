@@ -111,11 +111,11 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
     temperature 0 decodes greedily (what a chat would route); > 0 samples (random-weight models otherwise fall into
     short greedy cycles whose routing repeats)."""
     texts = []
-    for f in prompt_files:
+    for prompt_file in prompt_files:
         try:
-            texts.append((Path(f).name, Path(f).read_text(encoding="utf-8")))
+            texts.append((Path(prompt_file).name, Path(prompt_file).read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as e:
-            raise EngineError(f"cannot read prompt file {f}: {e}") from None
+            raise EngineError(f"cannot read prompt file {prompt_file}: {e}") from None
     if Path(out).is_dir():
         raise EngineError(f"{out} is a folder: -o takes the profile's file name (e.g. {Path(out) / 'profile.csv'})")
     model = Model(model_path, LoadOptions(experts_on_host=True))
@@ -151,7 +151,7 @@ def record(model_path: Path, prompt_files: Sequence[Path], out: Path, *, n_decod
                     ring = ctx.read_stats().ring
                     chunks.append(from_ring(ring, meta))
                     total_tokens += int((ring[:, 0] >= 0).sum() // max(1, n_moe))
-    except BaseException as e:  # noqa: BLE001 - Ctrl-C, SIGTERM/SIGHUP, a failed decode: save what was recorded
+    except BaseException as e:  # Ctrl-C, SIGTERM/SIGHUP, a failed decode: save what was recorded
         stop = e
     try:
         trace = (Trace(np.concatenate([c.pos for c in chunks]), np.concatenate([c.layer for c in chunks]),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -23,10 +23,9 @@ from ..profiles import repick as chooser
 from ..profiles.costs import CostModel
 from ..profiles.trace import TraceError, from_ring, read_csv
 from . import cache as cache_mod
-from . import stats as stats_mod
+from .autopolicy import AutoPolicy
 from .cache import SlotPlan
 from .errors import EngineError
-from .autopolicy import AutoPolicy
 from .native_tier import NativeTier
 from .stats import RoutingStats
 from .window_stats import POLICY
@@ -37,7 +36,17 @@ if TYPE_CHECKING:
 
 AUTO_EVERY = 256   # `--repick auto` decides again after this many decode tokens of the chat: the intervals it can
                    # choose (1, 16, 100) each fire at least twice in them, and it is short enough to follow a topic
-                   # (every 64 flapped, every 512 reacted late in simulation: docs/lab/2026-12-03-live-repick-auto.md)
+                   # (every 64 flapped, every 512 reacted late in simulation)
+
+
+class PolicyFields(TypedDict, total=False):
+    """The Snapshot's policy fields (engine.api.Snapshot) as Residency.snapshot_fields gives them."""
+    policy: str
+    tier_slots: int
+    policy_line: str
+    split_per_token: tuple[float, float, float]
+    tier_uploads_per_token: float
+    cpu_experts_per_token: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +132,12 @@ class Residency:
             self.tier = NativeTier(eng.model.ptr, plan, tier, eng.cost_model()[0], device=choice.device,
                                    share=choice.share)
 
-    def snapshot_fields(self, w: "Figures") -> dict[str, object]:
-        """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU) and tier
-        uploads per token; with a tier, the experts computed in host memory are the tier's CPU misses (the routing
-        stats count a miss uploaded in its own token as a miss: it was not resident when picked). Both count from
-        the last change: the tier is made with each plan, `w` is the window since (engine.window_stats)."""
+    def snapshot_fields(self, w: "Figures") -> PolicyFields:
+        """The Snapshot's policy fields: the policy, its tier, the per-token split (core / tier / CPU), tier
+        uploads per token and the experts computed in host memory per token: with a tier, the tier's CPU misses (the
+        routing stats count a miss uploaded in its own token as a miss: it was not resident when picked), else the
+        window's. Both count from the last change: the tier is made with each plan, `w` is the window since
+        (engine.window_stats)."""
         t = self.tier
         if t is not None:
             core, tier, cpu, up = t.split()
@@ -137,7 +147,7 @@ class Residency:
                     "policy_line": self.policy_line, "split_per_token": (core, tier, cpu),
                     "tier_uploads_per_token": up, "cpu_experts_per_token": cpu}
         return {"policy": "static", "policy_line": self.policy_line if self.eng.state.plan.layers else "",
-                "split_per_token": w.split_per_token}
+                "split_per_token": w.split_per_token, "cpu_experts_per_token": w.cpu_per_token}
 
     def _end_tier(self) -> None:
         """The tier gives its slots to re-picks (eng.state.lock held, no decode running): the plan it left, static."""
@@ -156,8 +166,8 @@ class Residency:
         eng.counts_window.mark(eng.ctx.read_stats(), POLICY, eng.state.upload_bytes)
 
     def generation_ended(self) -> None:
-        """The reply's decodes are done (eng.state.lock held): a tier end asked for during them happens now; a GPU-stepped
-        tier's counts (read every few tokens while decoding) are read up to the reply's last token."""
+        """The reply's decodes are done (eng.state.lock held): a tier end asked for during them happens now; a
+        GPU-stepped tier's counts (read every few tokens while decoding) are read up to the reply's last token."""
         if self.end_tier_pending:
             self._end_tier()
         elif self.tier is not None and self.tier.device:
@@ -276,7 +286,7 @@ class Residency:
                                                 mark[1].layers, cost, last=n_dec - mark[0], current=was,
                                                 whole=True, max_swaps=eng.cfg.repick_swaps,
                                                 margin=eng.cfg.repick_margin)
-        except Exception as e:  # noqa: BLE001 - a short ring, a calibration edited mid-chat: never end the reply
+        except Exception as e:  # a short ring, a calibration edited mid-chat: never end the reply
             n, why = was, f"kept ({e}); decides again on the next {every} tokens"
         with eng.state.lock:
             if self.auto_mark is not mark:

@@ -89,7 +89,8 @@ def info(model: Model, *, pack_host: bool) -> str:
     f = model.facts
     layers = trunk_layers(model)
     per_slot = f.slab_bytes * len(layers)
-    line = f"one slot per layer = {per_slot / 2**20:.0f} MiB; pack now {cache_mod.pack_bytes(model.ptr) / 2**20:.0f} MiB"
+    line = (f"one slot per layer = {per_slot / 2**20:.0f} MiB; "
+            f"pack now {cache_mod.pack_bytes(model.ptr) / 2**20:.0f} MiB")
     gpus = [] if pack_host else native.gpus()
     if gpus and per_slot:
         free = max(g.free for g in gpus) + cache_mod.pack_bytes(model.ptr)   # the old pack is freed first

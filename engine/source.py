@@ -21,7 +21,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
-# What the trimmed source drops (see shared/h200-box.md): still builds, since llama.cpp is a subproject whose
+# What the trimmed source drops: it still builds, since llama.cpp is a subproject whose
 # tests/tools/examples default OFF; only tools/mtmd is needed (and only when LLAVA_BUILD is on).
 TRIM_PATHS = [
     ".git", ".github", ".devops", "docker", "docs", "tests", "examples", "scripts",

@@ -42,7 +42,7 @@ def regime(counts: np.ndarray) -> tuple[int, float]:
     return int((counts > 0).sum()), float(np.sort(counts)[::-1][:n_top].sum() / total)
 
 
-def _bind() -> object:
+def _bind() -> ctypes.CDLL:
     L = native.lib()
     if not native.hasattr_symbol(L, "llama_moeslots_stats_enable"):
         raise EngineError("the installed engine lacks native stats: rebuild with `moeslots engine build`")

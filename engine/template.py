@@ -41,7 +41,7 @@ def render(source: str, messages: Sequence[Message], *, add_generation_prompt: b
         return _compile(source).render(messages=[{"role": m.role, "content": m.content} for m in messages],
                                        add_generation_prompt=add_generation_prompt, bos_token=bos_token,
                                        eos_token=eos_token)
-    except Exception as e:  # noqa: BLE001 - a damaged or unsupported template is the file's fault: one line
+    except Exception as e:  # a damaged or unsupported template is the file's fault: one line
         raise EngineError(f"the model's chat template (tokenizer.chat_template) cannot be used: "
                           f"{type(e).__name__}: {e}") from None
 

@@ -2,10 +2,9 @@
 
 llama.cpp's CPU threads wait for each other at every op of the graph by spinning. When they occupy every core, any
 moment the UI thread runs (a redraw, a timer, a toast) takes a core from one of them and the others spin until
-it is back: on the 2-core box two threads ran the bundled model at 1,100 tok/s alone and at 80 tok/s under the
-app once a notification was on screen; one thread ran it at 950 tok/s alone and 850 under the app
-(docs/lab/2026-12-03-app-speed.md). Hyper-threads share a core's arithmetic, so the count starts from physical
-cores, as llama.cpp's own tools do.
+it is back: on a 2-core machine two threads ran the bundled model at 1,100 tok/s alone and at 80 tok/s under the
+app once a notification was on screen; one thread ran it at 950 tok/s alone and 850 under the app. Hyper-threads
+share a core's arithmetic, so the count starts from physical cores, as llama.cpp's own tools do.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ class Window:
 
     def mark(self, st: RoutingStats, since: str, uploaded: int, whatif: str = "") -> None:
         """A change (under the engine's lock): a new window from these counters on; whatif: an estimate for it."""
-        self._base = RoutingStats(*(a.astype(np.int64) for a in (st.picks_prompt, st.picks_decode, st.hits,
-                                                                 st.misses)), st.ring[:0])
+        self._base = RoutingStats(st.picks_prompt.astype(np.int64), st.picks_decode.astype(np.int64),
+                                  st.hits.astype(np.int64), st.misses.astype(np.int64), st.ring[:0])
         self._written, self._uploaded = self._rows_written(st), uploaded
         self.since, self.whatif, self.epoch = since, whatif, self.epoch + 1
 
@@ -104,9 +104,9 @@ class Window:
         stats reset (counters below the baseline) starts the window again from zero."""
         if any((a.astype(np.int64) < b).any() for a, b in ((st.hits, self._base.hits),
                                                            (st.misses, self._base.misses))):
-            self.mark(RoutingStats(*(np.zeros_like(a) for a in (st.picks_prompt, st.picks_decode, st.hits,
-                                                                 st.misses)), st.ring), self.since, self._uploaded,
-                      self.whatif)
+            self.mark(RoutingStats(np.zeros_like(st.picks_prompt), np.zeros_like(st.picks_decode),
+                                   np.zeros_like(st.hits), np.zeros_like(st.misses), st.ring),
+                      self.since, self._uploaded, self.whatif)
         d = [np.where(self._mask if a.ndim == 1 else self._mask[:, None], a.astype(np.int64) - b, 0)
              for a, b in ((st.picks_prompt, self._base.picks_prompt), (st.picks_decode, self._base.picks_decode),
                           (st.hits, self._base.hits), (st.misses, self._base.misses))]

@@ -2,16 +2,16 @@
 
 Per decode token (sequential, no overlap): base (non-expert work) + picks served from VRAM x slab / GPU GB/s + picks
 computed in host memory x slab / CPU GB/s + slabs uploaded x slab / PCIe GB/s. A machine's own rates come from
-`moeslots doctor --calibrate` (engine.calibrate); without one, every user of costs takes the H200 box's here
-(docs/lab/2026-12-04-h200-tier-sidebyside.md): CPU 63 GB/s (16 threads: the scheduler clock's compute time per
+`moeslots doctor --calibrate` (engine.calibrate); without one, every user of costs takes the defaults here, measured
+on a 16-core machine with one PCIe 5 H200: CPU 63 GB/s (16 threads: the scheduler clock's compute time per
 expert), GPU ~4000 GB/s, a 3.06 MB slab (Qwen3-30B-A3B shape at Q4_K_M), base 8.8 ms = the GPU's 4.6 ms at full
 residency + 48 partly resident layers x 87 us, the CPU round trip each such layer pays every token (base is what a
 token costs with slots in every layer, apart from its experts: what `doctor --calibrate` measures, from 0 and S
-slots), and the uploads two calibrations measured there on 2026-12-03 (25.6-26.8 GB/s from pinned memory, 5.3-6.7
-GB/s from pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static). A tier stepped on the GPU
+slots), and the uploads two calibrations measured there (25.6-26.8 GB/s from pinned memory, 5.3-6.7 GB/s from
+pageable (mmap) memory; the lower of each, so an uncalibrated guess errs static). A tier stepped on the GPU
 (`--policy fetch`) pays no round trip (base less 48 x split_ms), copies at the GPU's own reading rate of pinned
-memory (50 GB/s there: scripts/h200/upload_rates.cu) and ~15 us per layer for its rule and launches (the measured
-minus the simulated ms/token of the uniform rows, docs/lab/2026-12-04-h200-fetch-tier.md). With a CPU share
+memory (50 GB/s there) and ~15 us per layer for its rule and launches (the measured minus the simulated ms/token
+under uniform routing). With a CPU share
 (`--policy fetch-split`) each layer adds share_ms: the CPU's wait for the inputs the GPU publishes and the join after
 the two halves (an estimate until the GPU measures it; `doctor --calibrate` does, as the difference between a
 fetch-split decode that leaves nothing to the CPU and a fetch decode).
@@ -19,8 +19,8 @@ fetch-split decode that leaves nothing to the CPU and a fetch decode).
 Two costs of the GPU-stepped tier are best measured rather than derived, and a calibration that measured them
 (engine.fetch_rates, run by itself on first use: engine.autocal) sets them: fetch_base_ms, the token's cost with
 the tier stepped on the GPU apart from its copies (the intercept of two decodes with different copies per token;
-derived as base less the round trips plus fetch_layer_ms a layer only when not measured: that derivation ran
-30-45 % slow on the H100 box), and share_cpu_gbps, the rate the CPU computes a fetch-split share at while the GPU
+derived as base less the round trips plus fetch_layer_ms a layer only when not measured: that derivation came out
+30-45 % slow), and share_cpu_gbps, the rate the CPU computes a fetch-split share at while the GPU
 reads host memory beside it (a share of one to three experts a layer is slower than a whole layer's misses, and
 both sides read the same DRAM). The engine splits a fetch-split tier's misses by the same two rates.
 """
@@ -64,5 +64,6 @@ class CostModel:
 
     @classmethod
     def h200(cls, slab_mb: float | None = None, *, pinned: bool = True) -> "CostModel":
-        """The H200 box's costs for a model of `slab_mb` per expert, uploads from pinned or pageable memory."""
+        """The default costs (measured on a PCIe 5 H200 machine) for a model of `slab_mb` per expert, uploads from
+        pinned or pageable memory."""
         return cls(slab_mb=slab_mb or cls.slab_mb, pcie_gbps=H200_UPLOAD_GBPS["pinned" if pinned else "pageable"])

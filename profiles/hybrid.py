@@ -151,32 +151,32 @@ class Tier:
         self.ratio = share_ratio(cost)
         self._rows = np.arange(self.L)
 
-    def land(self, l: int) -> tuple[int, int]:
-        """Layer l's copy in flight is resident now; returns (expert, victim or -1)."""
-        e, victim = self.pending.pop(l)
-        self._place(l, e, victim)
+    def land(self, layer: int) -> tuple[int, int]:
+        """The layer's copy in flight is resident now; returns (expert, victim or -1)."""
+        e, victim = self.pending.pop(layer)
+        self._place(layer, e, victim)
         return e, victim
 
-    def drop(self, l: int) -> None:
-        """Layer l's copy in flight failed: the tier stays as it was."""
-        self.pending.pop(l, None)
+    def drop(self, layer: int) -> None:
+        """The layer's copy in flight failed: the tier stays as it was."""
+        self.pending.pop(layer, None)
 
-    def _place(self, l: int, e: int, victim: int) -> None:
+    def _place(self, layer: int, e: int, victim: int) -> None:
         if victim >= 0:
-            self.in_tier[l, victim] = False
+            self.in_tier[layer, victim] = False
         else:
-            self.n_tier[l] += 1
-        self.in_tier[l, e] = True
+            self.n_tier[layer] += 1
+        self.in_tier[layer, e] = True
 
-    def _victim(self, l: int, now: np.ndarray) -> int | None:
+    def _victim(self, layer: int, now: np.ndarray) -> int | None:
         """The tier entry to evict for a newcomer: -1 while the tier has room, else the lowest-scored entry not
         picked by this token and not leaving already (lower id on ties); None when every entry is needed."""
-        if self.n_tier[l] < self.cap:
+        if self.n_tier[layer] < self.cap:
             return -1
-        cand = np.flatnonzero(self.in_tier[l])
-        busy = [self.pending[l][1]] if l in self.pending else []
+        cand = np.flatnonzero(self.in_tier[layer])
+        busy = [self.pending[layer][1]] if layer in self.pending else []
         cand = cand[~np.isin(cand, now) & ~np.isin(cand, busy)]
-        return int(cand[np.argmin(self.score[l, cand])]) if cand.size else None
+        return int(cand[np.argmin(self.score[layer, cand])]) if cand.size else None
 
     def step(self, ids: np.ndarray) -> Step:
         """One decode token's picks ids [L, k]: score them, count where they were served (the residents of this
@@ -267,8 +267,8 @@ class Tier:
         """Per layer, the best_split share of its misses (best-scored first) uploaded and computed on the GPU now;
         returns the misses left to the CPU."""
         keep = np.ones(ml.size, bool)
-        for l in np.unique(ml).tolist():
-            idx = np.flatnonzero(ml == l)
+        for layer in np.unique(ml).tolist():
+            idx = np.flatnonzero(ml == layer)
             if self.mech.device and self.mech.cpu_share:
                 u = share_copies(idx.size, self.ratio, self.cap)
             elif self.mech.device:
@@ -278,37 +278,37 @@ class Tier:
             else:
                 u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0
             placed = 0
-            for i in idx[np.argsort(-self.score[l, me[idx]], kind="stable")][:u].tolist():
+            for i in idx[np.argsort(-self.score[layer, me[idx]], kind="stable")][:u].tolist():
                 e = int(me[i])                                      # (no free entry: a transient copy)
-                v = self._victim(l, ids[l])
+                v = self._victim(layer, ids[layer])
                 if v is None and not self.mech.transient:
                     break                                           # NATIVE: the rest stay on the CPU
-                if v is not None and not (l in self.pending and self.pending[l][0] == e):
-                    self._place(l, e, v)
-                now_up.append((l, e))
+                if v is not None and not (layer in self.pending and self.pending[layer][0] == e):
+                    self._place(layer, e, v)
+                now_up.append((layer, e))
                 keep[i] = False
                 placed += 1
-            up[l] = placed
+            up[layer] = placed
         return ml[keep], me[keep]
 
-    def _admit(self, l: int, e: int, v: int) -> tuple[int, int, int]:
+    def _admit(self, layer: int, e: int, v: int) -> tuple[int, int, int]:
         if self.mech.lag > 0:
-            self.pending[l] = (e, v)
+            self.pending[layer] = (e, v)
         else:
-            self._place(l, e, v)
-        return l, e, v
+            self._place(layer, e, v)
+        return layer, e, v
 
     def _prefetch_any(self, ml: np.ndarray, me: np.ndarray, sc: np.ndarray, ids: np.ndarray,
                       budget: int) -> list[tuple[int, int, int]]:
         """Candidates in order, any number per layer: each admitted while the budget (copies) lasts and it outscores
         its victim (victims chosen afresh after each admission)."""
         out: list[tuple[int, int, int]] = []
-        for l, e, s in zip(ml.tolist(), me.tolist(), sc.tolist()):
+        for layer, e, s in zip(ml.tolist(), me.tolist(), sc.tolist()):
             if len(out) >= budget:
                 break
-            v = self._victim(l, ids[l])
-            if v is not None and (v < 0 or s > self.score[l, v]):
-                out.append(self._admit(l, e, v))
+            v = self._victim(layer, ids[layer])
+            if v is not None and (v < 0 or s > self.score[layer, v]):
+                out.append(self._admit(layer, e, v))
         return out
 
     def _prefetch_one_per_layer(self, ml: np.ndarray, me: np.ndarray, sc: np.ndarray, ids: np.ndarray,
@@ -325,8 +325,8 @@ class Tier:
         free = self.n_tier[cl] < self.cap
         ok = free | (mask.any(axis=1) & (cs > vs[np.arange(cl.size), v]))
         v = np.where(free, -1, v)
-        return [self._admit(l, e, w) for l, e, w in zip(cl[ok][:budget].tolist(), ce[ok][:budget].tolist(),
-                                                       v[ok][:budget].tolist())]
+        return [self._admit(layer, e, w) for layer, e, w in zip(cl[ok][:budget].tolist(), ce[ok][:budget].tolist(),
+                                                               v[ok][:budget].tolist())]
 
 
 def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel, *, decay: float = 0.95,
@@ -356,15 +356,15 @@ def simulate_hybrid(P: np.ndarray, core: np.ndarray, tier: int, cost: CostModel,
     total_ms = 0.0
     starts = np.cumsum([0] + sizes[:-1]).tolist()
     for t, n in zip(starts, sizes):
-        for l in [l for l, when in due.items() if when <= t]:
-            rule.land(l)
-            del due[l]
+        for layer in [layer for layer, when in due.items() if when <= t]:
+            rule.land(layer)
+            del due[layer]
             pref += 1
         s = rule.step(P[t]) if n == 1 else rule.step_batch(P[t:t + n])
         hits, tier_hits = hits + s.core_hits + s.tier_hits, tier_hits + s.tier_hits
         sync, cpu, total_ms = sync + len(s.uploads_now), cpu + s.cpu, total_ms + s.ms
         if mech.lag > 0:
-            due.update({l: t + 1 + mech.lag for l, _, _ in s.prefetches})
+            due.update({layer: t + 1 + mech.lag for layer, _, _ in s.prefetches})
         else:
             pref += len(s.prefetches)
     pref += sum(when <= T for when in due.values())                 # committed after the last token (the engine's

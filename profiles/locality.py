@@ -1,4 +1,4 @@
-"""Routing locality of a trace, the numbers published measurements of real models use (docs/profiles.md, issue 19):
+"""Routing locality of a trace, the numbers published measurements of real models use (docs/profiles.md):
 reuse distance, the share of a token's picks already picked in the last W tokens, the working set of W tokens, and
 per-layer skew. All on the token matrix P [T, L, k] of profiles.simulate.token_matrix; numpy only.
 

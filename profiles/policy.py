@@ -149,8 +149,8 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
                   min_gain: float = 0.05, max_scored: int = MAX_SCORED, fetch: bool = False,
                   share: bool = False) -> Decision:
     """`--policy auto`: the tier size (0 = static) with the lowest estimated ms/token, the rule run with the engine's
-    mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the core
-    comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
+    mechanism (each token's misses split between the CPU and uploads now by cost; no prefetch). As choose_repick: the
+    core comes from the first part of the profile and every choice is scored on its last part (at most `max_scored`
     tokens), a tier only when it is estimated `min_gain` faster than static. Deterministic. Returns (policy, tier
     slots, one line saying why). fetch: the GPU-stepped tier is possible here (experts in pinned memory, slots on a
     GPU): its tiers are scored too, with the FETCH and (share: the machine's cost of a CPU share is known) the

@@ -43,7 +43,7 @@ def choose_repick(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     drift (the static plan would be the best static set for the very tokens scored). Traces too short to split
     (under 128 tokens per part) are scored in-sample. A re-pick interval is chosen only when it is estimated at
     least `min_gain` faster than static: smaller gains are below what the cost model resolves (measured cells were
-    -10 to +29 % off its ms/token on the H200 box, docs/lab/2026-12-03-repick-pinned-and-mtp-heads.md) and re-picking moves bytes for them.
+    -10 to +29 % off its ms/token) and re-picking moves bytes for them.
     Deterministic for a given trace, slots and cost. Returns (N, one line saying why)."""
     cost = cost or CostModel()
     pk = _picks(trace)

@@ -176,7 +176,8 @@ class Residency:
     def __init__(self, initial: np.ndarray, S: int, window: int = 64, max_swaps: int | None = None,
                  margin: float = 0.0, decay: float = 1.0) -> None:
         self.resident = initial.copy()
-        self.slots = [list(np.flatnonzero(initial[l]))[:S] for l in range(initial.shape[0])]   # fill to S
+        self.slots: list[list[int]] = [np.flatnonzero(initial[layer])[:S].tolist()   # fill to S
+                                       for layer in range(initial.shape[0])]
         self.S, self.window, self.max_swaps, self.margin, self.decay = S, window, max_swaps, margin, decay
         self.since = 0
 
@@ -213,11 +214,11 @@ class Residency:
         counts = np.zeros((L, n_expert), np.float64)
         np.add.at(counts, (np.broadcast_to(rows[None, :, None], w.shape).ravel(), w.ravel()), weight)
         uploads = 0
-        for l in range(L):
-            for slot, e in elect(counts[l], self.slots[l], self.max_swaps or self.S, self.margin):
-                self.resident[l, self.slots[l][slot]] = False
-                self.resident[l, e] = True
-                self.slots[l][slot] = e
+        for layer in range(L):
+            for slot, e in elect(counts[layer], self.slots[layer], self.max_swaps or self.S, self.margin):
+                self.resident[layer, self.slots[layer][slot]] = False
+                self.resident[layer, e] = True
+                self.slots[layer][slot] = e
                 uploads += 1
         return uploads
 

@@ -9,7 +9,8 @@ Compressed: a name ending in `.gz` (gzip) or `.xz` (xz) is the same CSV compress
 Well-formed rows are parsed in one numpy call; anything else goes through the line-by-line parser, which names the
 file and line of the first bad row. Binary: a name ending in `.npz` holds the same rows as numpy arrays
 (`pos` int64, `layer` uint16, `ids` uint8 when the experts fit a byte, `meta` the facts as JSON; members LZMA-
-compressed, which np.load reads); the 48-layer traces of issue 19's routing donor are kept so in profiles/data/.
+compressed, which np.load reads); the routing donor's 48-layer traces (docs/profiles.md) are kept so in
+profiles/data/.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import re
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import IO, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -104,7 +105,7 @@ def from_rows(rows: Iterable[tuple[int, int, Iterable[int]]], meta: Mapping[str,
     return Trace(np.array(pos, np.int64), np.array(layer, np.int32), np.array(ids, np.int32), dict(meta or {}))
 
 
-_OPENERS = {".gz": gzip.open, ".xz": lzma.open}
+_OPENERS: dict[str, Callable[..., IO[str]]] = {".gz": gzip.open, ".xz": lzma.open}
 _ROWS = re.compile(r"(?:-?\d+(?:,-?\d+)+\n)*")
 
 
@@ -195,7 +196,7 @@ def _npz_bytes(trace: Trace) -> bytes:
     """An .npz (np.load reads it) whose members are LZMA-compressed: half the size of np.savez_compressed's deflate
     on routing ids (1.4 -> 0.6 MB for 4,000 tokens x 48 layers x 8 ids, rows sorted)."""
     small = trace.n_rows == 0 or int(trace.ids.max()) < 256
-    arrays = {"pos": trace.pos.astype(np.int64), "layer": trace.layer.astype(np.uint16),
+    arrays: dict[str, np.ndarray] = {"pos": trace.pos.astype(np.int64), "layer": trace.layer.astype(np.uint16),
               "ids": trace.ids.astype(np.uint8 if small else np.int32),
               "meta": np.array(json.dumps(dict(trace.meta), sort_keys=True))}
     buf = io.BytesIO()
@@ -218,9 +219,9 @@ def read_csv(path: Path) -> Trace:
     text = _read_text(path)
     fast = _fast_rows(text)
     if fast is not None:
-        meta, rows = fast
+        fast_meta, rows = fast
         return _checked(path, Trace(rows[:, 0].copy(), rows[:, 1].astype(np.int32), rows[:, 2:].astype(np.int32),
-                                    meta), meta)
+                                    fast_meta), fast_meta)
     meta: dict[str, str] = {}
     pos: list[int] = []
     layer: list[int] = []

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 
+import bigshape  # scripts/bigshape.py: the shape, costs and routing both scripts use
 import numpy as np
 
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.repick import REPICK_CHOICES, Picks, choose_repick, choose_repick_from
 from moeslots.profiles.simulate import Residency, layer_counts, resident_from_plan, run_schedule
-
-import bigshape                 # scripts/bigshape.py: the shape, costs and routing both scripts use
 
 
 def main() -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+import bigshape  # scripts/bigshape.py: the shape, costs and routing both scripts use
+
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.simulate import Residency, layer_counts, resident_from_plan, static_hits
-
-import bigshape                 # scripts/bigshape.py: the shape, costs and routing both scripts use
 
 
 def main() -> None:

@@ -45,7 +45,8 @@ def main() -> None:
             cpu = (1 - r["sim_hit_rate"]) * L_k
             sim = cost.ms_per_token(L_k - cpu, cpu, r["sim_mb_per_token"] / cost.slab_mb)
             cells[key, name] = f"{r['decode_tok_s']:.1f} ({1000 / r['decode_tok_s']:.1f} / {sim:.1f})"
-            facts.setdefault(key, f"{100 * r['hit_rate']:.1f} ({100 * r['sim_hit_rate']:.1f}) | {r['mb_moved_per_token']:.1f}")
+            facts.setdefault(key, f"{100 * r['hit_rate']:.1f} ({100 * r['sim_hit_rate']:.1f}) | "
+                                  f"{r['mb_moved_per_token']:.1f}")
     print("| routing | slots | policy | hit % (sim) | MB up/token | " + " | ".join(names) + " |")
     print("|---|---|---|---|---|" + "---|" * len(names))
     for key in sorted(facts, key=lambda k: (k[0], k[1], k[2] if k[2] >= 0 else 1 << 30)):   # live auto last

@@ -31,7 +31,7 @@ class FakeEngine:
         self.whatif = f"what-if @{slots}: static 60 %  lru 40 %  re-elect 55 %"
         self.mtp = (7, 10)                                  # accepted, drafted
 
-    def chat(self, messages, cancel=None, sampling=None, max_tokens=None):  # noqa: ANN001
+    def chat(self, messages, cancel=None, sampling=None, max_tokens=None):
         self.seen.append(list(messages))
         self.sampling_seen.append(sampling)
         self.max_tokens_seen.append(max_tokens)
@@ -60,7 +60,7 @@ class FakeEngine:
                         self.mtp[0], 1 << 20, self.recording, False, self.whatif, repick_every=self.repick_every,
                         n_expert=self.n_expert)
 
-    def set_slots(self, n):  # noqa: ANN001
+    def set_slots(self, n):
         if self.profile is None and n not in (0, None):       # as the engine words it (command-line flags)
             raise ValueError(f"--slots {n} needs a profile to choose the experts: record one with `moeslots record "
                              "MODEL --prompt-file F -o P.csv` and pass --profile P.csv")
@@ -75,7 +75,7 @@ class FakeEngine:
     def start_recording(self) -> None:
         self.recording = True
 
-    def stop_recording(self, path: Path):  # noqa: ANN201
+    def stop_recording(self, path: Path):
         self.recording = False
         path.write_text("pos,layer,id0\n0,1,2\n")
         from moeslots.profiles.trace import read_csv
@@ -112,7 +112,7 @@ class FastEngine(FakeEngine):
         self._snap = Snapshot("fake", "fake", (LayerSnapshot(1, (0, 1), (1, 1), (1, 1), 0.5, 0.5),), 0.5, 1.0, 0.0,
                               0.0, (), 0.0, 0, 0, 0, False, False)
 
-    def chat(self, messages, cancel=None, sampling=None):  # noqa: ANN001, ANN201
+    def chat(self, messages, cancel=None, sampling=None):
         words = []
         for i in range(self.n):
             w = f"w{i}" + ("\n\n" if i % 40 == 39 else " ")

@@ -60,7 +60,7 @@ def test_no_module_is_over_about_400_lines() -> None:
 def test_every_engine_the_app_meets_has_the_whole_protocol() -> None:
     """The app types its engine as engine.api.Engine and calls it without getattr/hasattr: the real Engine, the
     model picker's stand-in and the tests' fakes must each have every member of the protocol."""
-    from fakes import FakeEngine, FastEngine  # noqa: I001  (tests/ is on sys.path)
+    from fakes import FakeEngine, FastEngine  # (tests/ is on sys.path)
 
     from moeslots.engine import api
     from moeslots.engine.engine import Engine

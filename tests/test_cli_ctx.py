@@ -9,11 +9,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from specs import TINY_GLM
 
 from moeslots import cli
 from moeslots.cli import chat, launch
 from moeslots.engine import synth
-from specs import TINY_GLM
 
 
 def _chat_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     seen: list[int] = []
 
-    def fake_run_app(eng, name, remember=True, a=None, model=None):  # noqa: ANN001, ANN202
+    def fake_run_app(eng, name, remember=True, a=None, model=None):
         seen.append(eng.ctx.n_ctx)
         eng.close()
         return 0

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_cli import _one_line_error, run
 
 SMALL = "# arch=glm4moe n_layer=4 n_expert=16 k=2\npos,layer,id0,id1\n0,1,1,2\n1,1,2,3\n0,2,4,5\n"

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeEngine  # noqa: I001  (tests/ is on sys.path)
+from fakes import FakeEngine  # (tests/ is on sys.path)
+from test_cli import _one_line_error, run
 
 from moeslots import cli
 from moeslots.cli import chat
 from moeslots.tui.app import MoeslotsApp
-from test_cli import _one_line_error, run
 
 
 class ClosingEngine(FakeEngine):

@@ -8,7 +8,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-
 from test_cli import _one_line_error, run
 
 

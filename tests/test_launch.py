@@ -94,7 +94,7 @@ def test_remember_writes_last_model_and_keeps_the_rest(dirs: Path) -> None:
 def _capture_app(monkeypatch: pytest.MonkeyPatch) -> list:
     seen: list = []
 
-    def fake_run_app(eng, name, remember=True, a=None, model=None):  # noqa: ANN001, ANN202
+    def fake_run_app(eng, name, remember=True, a=None, model=None):
         seen.append((eng, name, model, list(eng.notices), eng._auto is not None, eng.cfg))
         eng.close()
         return 0

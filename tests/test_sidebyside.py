@@ -166,7 +166,8 @@ def test_collect_says_what_is_missing(tb: ModuleType, tmp_path: Path, capsys: py
 
 def test_run_sh_asks_for_fetch_only_where_experts_are_pinned(tiny_glm: Path, tmp_path: Path) -> None:
     """With a GPU, `--policy fetch` and `fetch-split` need pinned experts: run.sh passes them in the pinned cells and
-    drops them from the mmap cells (whose table shows "–" there), instead of a moeslots run that refuses the whole row."""
+    drops them from the mmap cells (whose table shows "–" there), instead of a moeslots run that refuses the whole
+    row."""
     import os
     import subprocess
 
@@ -178,7 +179,8 @@ def test_run_sh_asks_for_fetch_only_where_experts_are_pinned(tiny_glm: Path, tmp
         f.chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHON": sys.executable}
     p = subprocess.run(["bash", str(SCRIPTS / "run.sh"), str(tiny_glm), str(bindir / "llama-bench"), "--out",
-                        str(tmp_path / "out"), "--policies", "static,fetch,fetch-split,auto", "--threads", "2", "--dry-run"],
+                        str(tmp_path / "out"), "--policies", "static,fetch,fetch-split,auto", "--threads", "2",
+                        "--dry-run"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     ours = [ln for ln in (p.stdout + p.stderr).splitlines() if "bench repick" in ln]

@@ -120,7 +120,7 @@ class MoeslotsApp(App[None]):
                         "prompt, Enter sends it again", timeout=8)
         await self._show_start_notes()
         # a thread that wants the GIL back (the generating one, after each llama_decode) waits for the UI thread
-        # to give it up at most this long: 0.1 ms instead of Python's 5 ms (docs/lab/2026-12-03-app-speed.md)
+        # to give it up at most this long: 0.1 ms instead of Python's 5 ms
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
         self.on_resize()

@@ -1,4 +1,4 @@
-"""The app's keys: one Binding per action, each with an id that `[keymap]` in config.toml rebinds (docs/usage.md).
+"""The app's keys: one Binding per action, each with an id that `[keymap]` in config.toml rebinds (docs/reference.md).
 
 App keys are priority bindings, so they work from the prompt box too (the text area binds Ctrl+E, Ctrl+Y, F6, F7
 for itself); while a dialog is open the app turns them off (MoeslotsApp.check_action) and the dialog's own keys

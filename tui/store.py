@@ -1,16 +1,15 @@
 """Chat history in SQLite under $XDG_DATA_HOME/moeslots/ (schema version in PRAGMA user_version).
 
-Schema 2 (issue 22) adds each chat's sampling settings (temperature, top-p, seed), 3 the model a chat was made with,
-4 top-k, min-p, the repeat penalty and its window and max tokens per reply (engine.api.Sampling); an older file is
-upgraded in place on open. Chats are listed by last activity and searched by title and message text (Ctrl+L).
+Schema 2 adds each chat's sampling (temperature, top-p, seed), 3 the model it was made with, 4 top-k, min-p, the repeat
+penalty and its window and max tokens (engine.api.Sampling); an older file is upgraded in place on open. Chats are
+listed by last activity and searched by title and message text (Ctrl+L).
 
 A history that cannot be written never stops the chat (every database call goes through _do): a read-only file or
 folder is opened read-only (copied into memory, so chatting works; nothing is saved, one notice says so); a damaged
 file is moved aside to `chats.sqlite.damaged-<time>` and a fresh history starts (a notice); a write that fails
 mid-session (a full disk, an I/O error) moves the history into memory (one notice) and the chat goes on there.
-What cannot be handled at start-up (a newer schema, a file that cannot be opened) is one HistoryError line; the
-notices wait in `notices` until the app shows them (tui/chatpane.py).
-"""
+What cannot be handled at start-up (a newer schema, a file that cannot be opened) is one HistoryError line; notices
+wait in `notices` until the app shows them."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 from .. import configfile
 from ..engine.api import Sampling
@@ -266,7 +265,7 @@ class Store:
 
     def last_chat(self, model: str | None = None) -> int | None:
         """The newest chat (made with `model`, when given: a chat belongs to the model it was made with)."""
-        sql, args = "SELECT id FROM chats", ()
+        sql, args = "SELECT id FROM chats", cast("tuple[str, ...]", ())
         if model is not None:
             sql, args = sql + " WHERE model = ?", (model,)
         row = self._do(lambda db: db.execute(sql + " ORDER BY id DESC LIMIT 1", args).fetchone())
@@ -395,7 +394,8 @@ class Store:
     def sampling(self, chat: int) -> Sampling:
         row = self._do(lambda db: db.execute(f"SELECT {_SAMPLING} FROM chats WHERE id = ?", (chat,)).fetchone())
         try:                                             # SQLite keeps any type: each as Sampling types it
-            s = Sampling(*(None if v is None else kind(v) for (_, kind), v in zip(_TYPED, row or ())))
+            values: list[Any] = [None if v is None else kind(v) for (_, kind), v in zip(_TYPED, row or ())]
+            s = Sampling(*values)
         except (TypeError, ValueError):
             return Sampling()
         return Sampling() if s.problem() else s          # a damaged row (or none): greedy, never a crash

@@ -10,7 +10,7 @@ reply ends the Markdown widget renders the whole text once.
 
 Before this the app posted a message every 40 ms and the Markdown widget re-parsed and re-highlighted the open
 block (a code block being written grew with the reply) each time: the UI thread was busy a third of the time the
-reply took and decode ran at half the engine's speed (docs/lab/2026-12-03-app-speed.md).
+reply took and decode ran at half the engine's speed.
 """
 
 from __future__ import annotations

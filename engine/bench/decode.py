@@ -68,7 +68,8 @@ class _Bench:
         f = m.facts
         self.moe = [il for il in f.moe_layers if il < f.n_layer]       # trunk layers (no MTP context here)
         self.pack_host, self.prompt_len, self.greedy_tokens = pack_host, prompt_len, greedy_tokens
-        self.timing, self.last_timing = timing, None
+        self.timing = timing
+        self.last_timing: dict | None = None
         n_ctx = max(prompt_len + n_decode, 64 + greedy_tokens) + 16
         self.ctx = ctx = Context(m, n_ctx=n_ctx, n_batch=max(512, prompt_len), threads=threads, op_offload=op_offload)
         ctx.enable_stats(ring_rows=0)          # the warm-up profile needs them; turned off by the caller if asked

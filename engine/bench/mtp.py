@@ -39,8 +39,9 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
             log: Callable[[str], None] = print) -> list[MTPRow]:
     """Greedy decode tok/s with and without MTP drafts at each slot count and draft length (plan: top-S of a
     0-slot profiling pass). mtp_head: where the NextN block's experts live: "slots" (host memory, in the plan
-    like a trunk layer), "host" (host memory, no slots) or "gpu" (on the GPU with the rest of its layer). prompt_text: a user turn rendered with
-    the model's chat template (trained models: real acceptance); default random tokens. replay_from ("uniform" or a
+    like a trunk layer), "host" (host memory, no slots) or "gpu" (on the GPU with the rest of its layer).
+    prompt_text: a user turn rendered with the model's chat template (trained models: real acceptance); default
+    random tokens. replay_from ("uniform" or a
     trace CSV): the trunk routes through those ids (a random model's greedy text repeats itself, and so would its
     routing); the plan is then the top-S of the 1,024 rows before the replayed ones (out of sample)."""
     if mtp_head not in ("slots", "host", "gpu"):
@@ -103,7 +104,7 @@ def run_mtp(model_path: Path, slot_counts: Sequence[int], drafts: Sequence[int],
                 ctx.reset()
                 t0s: list[float] = []                              # decode time only, as plain(): the
                 got = greedy_tokens(mtp, prompt, n_tokens, lambda t: False,   # prompt (both contexts) is not
-                                    on_prefilled=lambda t0s=t0s: t0s.append(time.perf_counter()))   # timed
+                                    on_prefilled=lambda: t0s.append(time.perf_counter()))           # timed
                 dt = time.perf_counter() - t0s[0]
             finally:
                 mtp.close()

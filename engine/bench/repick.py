@@ -7,7 +7,7 @@ import dataclasses
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -74,10 +74,11 @@ def run_repick(model_path: Path, slot_counts: Sequence[int], intervals: Sequence
     ctx.enable_stats(ring_rows=(window + 8) * (len(moe) + 2))
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_decode + 16)]
-    info = {"model": str(model_path), "n_layer": f.n_layer, "n_expert": f.n_expert, "k": f.n_expert_used,
-            "n_moe": len(moe), "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
-            "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
-            "profile_from": profile_from, "routings": {}}
+    info: dict[str, Any] = {
+        "model": str(model_path), "n_layer": f.n_layer, "n_expert": f.n_expert, "k": f.n_expert_used,
+        "n_moe": len(moe), "mmap": mmap, "threads": threads, "n_decode": n_decode, "profile_rows": profile_rows,
+        "max_swaps": max_swaps, "window": window, "margin": margin, "cost": dataclasses.asdict(cost),
+        "profile_from": profile_from, "routings": {}}
     rows: list[RepickRow] = []
     stager: "cache.Stager | None" = None
     try:

@@ -21,8 +21,8 @@ from ...profiles.simulate import layer_counts
 from .. import autocal, calibrate, native, replay
 from .. import stats as stats_mod
 from ..cache import SlotPlan
-from ..native_tier import NativeTier, TierCounts, masks
 from ..model import Context, LoadOptions, Model, default_threads
+from ..native_tier import NativeTier, TierCounts, masks
 
 
 @dataclasses.dataclass
@@ -171,8 +171,9 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
 
 OFF = 0.10            # a row whose predicted ms/token is off the measured by more than this is flagged (!)
 
-TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hit % | tier picks/token | CPU picks/token | "
-               "uploads/token | MB/token | sim hit % | sim uploads/token | sim CPU/token | sim ms/token | sim error |\n"
+TIER_HEADER = ("| routing | slots | policy | core + tier | tok/s | ms/token | hit % | tier picks/token | "
+               "CPU picks/token | uploads/token | MB/token | sim hit % | sim uploads/token | sim CPU/token | "
+               "sim ms/token | sim error |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 

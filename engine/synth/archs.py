@@ -113,7 +113,7 @@ def tensor_plan(spec: SynthSpec) -> list[TensorPlan]:
     return t
 
 
-def write_metadata(w, spec: SynthSpec, tok: Tokenizer, name: str) -> None:  # noqa: ANN001 (gguf.GGUFWriter)
+def write_metadata(w, spec: SynthSpec, tok: Tokenizer, name: str) -> None:  # w: gguf.GGUFWriter
     import gguf
 
     a = spec.arch

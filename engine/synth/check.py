@@ -1,6 +1,6 @@
 """The routing check every synthetic model gets: random tokens through the engine, the router traced, and how far
-the picks are from uniform (distinct experts per layer, share of the top 10 %). A degenerate model makes any cache
-look perfect (shared/h200-box.md, "Lesson")."""
+the picks are from uniform (distinct experts per layer, share of the top 10 %). A degenerate model (a few experts
+take most picks) makes any cache look perfect."""
 
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ class SynthSpec:
         if self.arch == "deepseek2":
             if self.rot % 2 or self.qk_nope < 1:
                 raise ValueError("MLA needs even rotary dims and qk_nope >= 1")
-            if self.expert_groups > 1 and (self.n_expert % self.expert_groups or
-                                           not 0 < self.group_used < self.expert_groups or
-                                           self.group_used * (self.n_expert // self.expert_groups) < self.n_expert_used):
+            if self.expert_groups > 1 and (
+                    self.n_expert % self.expert_groups or not 0 < self.group_used < self.expert_groups
+                    or self.group_used * (self.n_expert // self.expert_groups) < self.n_expert_used):
                 raise ValueError("expert groups: experts divisible by groups, 0 < groups used < groups, and the "
                                  "used groups must hold the experts used")
 
@@ -106,8 +106,8 @@ class SynthSpec:
     def branch(self) -> float:
         """Deep random nets drift: attention averages over positions, and each layer adds that shared part to
         every token's residual stream, until deep layers see nearly the same normalised hidden state for every
-        token and route degenerately (48 layers: 63 of 128 experts, top 10 % = 72 % of picks, measured on the
-        H200 box). Scaling every branch output keeps the token embedding dominant in the stream."""
+        token and route degenerately (48 layers: 63 of 128 experts, top 10 % = 72 % of picks). Scaling every
+        branch output keeps the token embedding dominant in the stream."""
         return self.branch_scale if self.branch_scale is not None else min(1.0, 2.0 / self.n_block)
 
     @property

@@ -106,10 +106,10 @@ def build_tokenizer(n_vocab: int) -> Tokenizer:
     # filler: short printable strings (never produced by merges, but decodable text when sampled)
     filler = _filler(b2u[ord(" ")])
     while len(tokens) < n_normal:
-        s = next(filler)
-        if s not in known:
-            tokens.append(s)
-            known.add(s)
+        piece = next(filler)
+        if piece not in known:
+            tokens.append(piece)
+            known.add(piece)
     types = [1] * len(tokens)
     for c in CONTROL_TOKENS:
         tokens.append(c)

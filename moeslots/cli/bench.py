@@ -144,9 +144,9 @@ def cmd_repick(a: argparse.Namespace) -> int:
                 if r.chosen:
                     print(f"{r.policy} at {r.slots} slots on {r.routing}: {r.chosen}")
             off = [r for r in trows if abs(tier.sim_error(r)) > tier.OFF]
+            offs = ", ".join(f"{r.routing} {r.slots} {r.policy} {100 * tier.sim_error(r):+.0f} %" for r in off)
             print(f"predicted vs measured ms/token: {len(trows) - len(off)} of {len(trows)} rows within "
-                  f"{100 * tier.OFF:.0f} %" + (": off " + ", ".join(
-                      f"{r.routing} {r.slots} {r.policy} {100 * tier.sim_error(r):+.0f} %" for r in off) if off else ""))
+                  f"{100 * tier.OFF:.0f} %" + (": off " + offs if off else ""))
             out["policies"] = [dataclasses.asdict(r) for r in trows]
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -217,8 +217,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "--repick auto (chosen from the profile rows, then again every 256 decoded tokens)")
     r.add_argument("--policy", metavar="P1,P2", help="residency policies to measure: static, hybrid (a core plus a "
                    "dynamic tier of --tier D slots), dynamic (all slots a tier), fetch (a core plus a tier stepped by "
-                   "the GPU: every miss fetched from pinned memory; --no-mmap), fetch-split (the same, the CPU computing "
-                   "a share of each layer's misses beside the GPU's copies), auto (chosen from the profile rows under "
+                   "the GPU: every miss fetched from pinned memory; --no-mmap), fetch-split (the same, the CPU "
+                   "computing a share of each layer's misses beside the GPU's copies), auto (chosen from the profile "
+                   "rows under "
                    "the cost model), default (what `moeslots chat` does with no --policy: auto where a GPU holds the "
                    "slots, after the first-run calibration when this machine has none for the model, else static). "
                    "Each row shows the simulator's ms/token beside the measured and flags (!) an error over 10 %%")

@@ -183,8 +183,9 @@ def _chat_arguments(c: argparse.ArgumentParser) -> None:
                    "half with this machine's calibration, then decide again every 256 tokens on the chat's own routing "
                    "(pays mostly with --no-mmap and a drifting workload)")
     c.add_argument("--policy", choices=POLICIES, default=None, help="residency (default: auto where a GPU holds "
-                   "the slots, else static): static (the profile's experts stay), hybrid (the last D of each layer's slots follow the routing: misses computed on the "
-                   "CPU or uploaded now, whichever this machine's costs say), dynamic (all slots do), fetch (the last D "
+                   "the slots, else static): static (the profile's experts stay), hybrid (the last D of each layer's "
+                   "slots follow the routing: misses computed on the CPU or uploaded now, whichever this machine's "
+                   "costs say), dynamic (all slots do), fetch (the last D "
                    "slots follow the routing stepped by the GPU itself: every miss fetched from pinned memory, none on "
                    "the CPU, no round trip to the host; needs --no-mmap), fetch-split (the same, the CPU computing a "
                    "share of each layer's misses while the GPU copies the others), auto (simulated on the profile "

@@ -117,8 +117,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     d = sub.add_parser("doctor", help="engine version, patched or not, GPUs and VRAM, CPU threads; calibration")
     d.add_argument("--calibrate", metavar="MODEL", help="measure this machine's upload (pinned, pageable; single "
-                   "and batched copies), CPU expert (by thread count) and per-token rates with MODEL and store them in "
-                   "config.toml for --repick auto and --policy auto (no GPU: uploads not measured, the H200 box's used)")
+                   "and batched copies), CPU expert (by thread count) and per-token rates with MODEL and store them "
+                   "in config.toml for --repick auto and --policy auto (no GPU: uploads not measured, the H200 box's "
+                   "used)")
     d.add_argument("--threads", type=int, default=None)
     d.set_defaults(func=cmd_doctor)
 

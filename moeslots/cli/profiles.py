@@ -59,14 +59,14 @@ def _interrupted(console: "Console", signum: int, what: str) -> int:
     return 128 + signum
 
 
-def _read_trace(path: str):  # noqa: ANN202
+def _read_trace(path: str):
     try:
         return read_csv(Path(path))
     except TraceError as e:
         raise UserError(str(e)) from None
 
 
-def _check_same_model(a, b, name_a: str, name_b: str) -> None:  # noqa: ANN001
+def _check_same_model(a, b, name_a: str, name_b: str) -> None:
     try:
         check_compatible(a, b, name_a, name_b)
     except TraceError as e:
@@ -122,7 +122,8 @@ def cmd_profile_show(a: argparse.Namespace) -> int:
     data = p.layers_with_data()
     if data:
         print(f"coverage at {s} slots/layer (static hit rate on this profile): mean {100 * cov[data].mean():.1f} %, "
-              f"min {100 * cov[data].min():.1f} % (L{data[int(cov[data].argmin())]}), max {100 * cov[data].max():.1f} %")
+              f"min {100 * cov[data].min():.1f} % (L{data[int(cov[data].argmin())]}), "
+              f"max {100 * cov[data].max():.1f} %")
     if other is not None:
         q = prof.from_trace(other, n_layer, n_expert)
         ov = prof.overlap(p, q, s)[data]
@@ -192,7 +193,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_arg: str | None) -> int:  # noqa: ANN001
+def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_arg: str | None) -> int:
     from ..profiles import hybrid
     from ..profiles.profile import from_trace
 

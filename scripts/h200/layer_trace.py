@@ -19,8 +19,8 @@ from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.native_tier import NativeTier
 
-HEADER = ("| threads | slots | what | wall ms | CPU splits | CPU wait | CPU copy | CPU compute | GPU splits | GPU wait | "
-          "GPU copy | GPU launch | rest | per layer: CPU wait+copy µs | CPU compute µs |")
+HEADER = ("| threads | slots | what | wall ms | CPU splits | CPU wait | CPU copy | CPU compute | GPU splits | "
+          "GPU wait | GPU copy | GPU launch | rest | per layer: CPU wait+copy µs | CPU compute µs |")
 
 
 def timed(ctx: Context, toks: list[int]) -> dict[str, float]:
@@ -39,7 +39,9 @@ def timed(ctx: Context, toks: list[int]) -> dict[str, float]:
 
 
 def row(threads: int, slots: int, what: str, d: dict[str, float], layers: int) -> str:
-    per = lambda ms: 1e3 * ms / layers
+    def per(ms: float) -> float:
+        return 1e3 * ms / layers
+
     return (f"| {threads} | {slots} | {what} | {d['wall_ms']:.2f} | {d['cpu_splits']:.0f} | {d['cpu_wait_ms']:.2f} | "
             f"{d['cpu_copy_ms']:.2f} | {d['cpu_compute_ms']:.2f} | {d['gpu_splits']:.0f} | {d['gpu_wait_ms']:.2f} | "
             f"{d['gpu_copy_ms']:.2f} | {d['gpu_launch_ms']:.2f} | {d['rest_ms']:.2f} | "

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from exactness import run_script  # noqa: E402
 from specs import TINY_QWEN  # noqa: E402
+
 from moeslots.engine import native, native_tier, replay, synth  # noqa: E402
 from moeslots.engine.cache import SlotPlan  # noqa: E402
 from moeslots.engine.model import Context, LoadOptions, Model  # noqa: E402

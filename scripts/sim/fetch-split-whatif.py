@@ -1,8 +1,9 @@
 """What `--policy fetch-split` (the GPU-stepped tier with the CPU computing a share of each layer's misses beside the
 GPU's copies: profiles.hybrid.FETCH_SPLIT, the engine's rule) is predicted to give over `--policy fetch`, for three
 values of its per-layer cost share_ms (not yet measured on a GPU: 87 us, the old split's round trip; 40 us, the cost
-model's estimate; 20 us), on the cells of the H200 side-by-side run: the 30B-A3B shape (48 layers, 128 experts, k 8, 2.654 MB per expert), uniform random rows and the
-routing donor's sampled chat trace, plans from the first 1,024 rows, 64 rows scored after 16 more, 32 and 64 slots,
+model's estimate; 20 us), on the cells of the H200 side-by-side run: the 30B-A3B shape (48 layers, 128 experts,
+k 8, 2.654 MB per expert), uniform random rows and the routing donor's sampled chat trace, plans from the first
+1,024 rows, 64 rows scored after 16 more, 32 and 64 slots,
 the H200 box's costs at 16 and 6 threads, tiers S/4, S/2 and S (the best shown), each beside llama.cpp's cache as
 measured in that run (docs/lab/2026-12-04-h200-fetch-tier.md).
 Run from the repository root with the project's Python: .venv/bin/python scripts/sim/fetch-split-whatif.py
@@ -10,14 +11,13 @@ Run from the repository root with the project's Python: .venv/bin/python scripts
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from moeslots.engine import replay
 from moeslots.profiles.costs import CostModel
-import dataclasses
-
 from moeslots.profiles.hybrid import FETCH, FETCH_SPLIT, Mechanism, core_and_tier, simulate_hybrid
 from moeslots.profiles.simulate import layer_counts
 

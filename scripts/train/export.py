@@ -18,7 +18,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-
 from model import Config
 from tok import CHAT_TEMPLATE, SPECIALS
 

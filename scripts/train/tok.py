@@ -7,9 +7,8 @@ import argparse
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
 from corpus import read_docs
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>"]
 EOS = 0

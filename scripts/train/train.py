@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from corpus import read_docs
-from model import GLM4MoE, Config, topology
+from model import Config, GLM4MoE, topology
 from tok import EOS
 
 DOMAINS = {"code": 0.45, "prose": 0.20, "chat": 0.35}

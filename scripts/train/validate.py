@@ -24,13 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
-
 from corpus import read_docs
 from model import TOPOLOGIES, Config, GLM4MoE
+from tokenizers import Tokenizer
 
-from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine import mtp as mtp_mod
+from moeslots.engine.model import Context, LoadOptions, Model
 
 CODE_PROMPT = "def read_config(path):\n    \"\"\"Read a configuration file and return a dict.\"\"\"\n"
 CHAT_MESSAGES = [("user", "What does `os.path.join` do?")]

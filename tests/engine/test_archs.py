@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from exactness import _tokens, exactness
+from specs import TINY_DS2, TINY_Q35, TINY_Q35_MERGED
+
 from moeslots.engine import synth
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Done, Engine, EngineConfig, Message
 from moeslots.engine.errors import EngineError, ModelError
 from moeslots.engine.model import Context, LoadOptions, Model
-from specs import TINY_DS2, TINY_Q35, TINY_Q35_MERGED
 
 SPECS = {"qwen35moe": TINY_Q35, "qwen35moe-merged": TINY_Q35_MERGED, "deepseek2": TINY_DS2}
 

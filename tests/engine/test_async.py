@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cache import NodeNames
 
 from moeslots.engine import cache
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
-from test_cache import NodeNames
 
 
 @pytest.fixture(autouse=True)

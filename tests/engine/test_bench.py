@@ -48,8 +48,9 @@ def test_bench_all_gpu_and_cpu_prompts(tiny_qwen: Path, monkeypatch: pytest.Monk
 
 
 def test_repick_bench_overlapped_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moeslots.engine import bundled
     from test_repick import stage_waits
+
+    from moeslots.engine import bundled
 
     stage_waits(monkeypatch)
 

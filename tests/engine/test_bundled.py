@@ -7,8 +7,8 @@ import numpy as np
 
 from moeslots.engine import bundled
 from moeslots.engine.api import Message
-from moeslots.engine.template import render_chat
 from moeslots.engine.model import Context, LoadOptions, Model, inspect_gguf
+from moeslots.engine.template import render_chat
 from moeslots.profiles.profile import from_trace
 from moeslots.profiles.trace import read_csv
 

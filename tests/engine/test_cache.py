@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from exactness import _tokens, assert_identical
+from exactness import exactness as _exactness
+from specs import KQ_GLM
 
 from moeslots.engine import cache, native, synth
 from moeslots.engine.cache import CacheError, SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
-from exactness import _tokens, assert_identical, exactness as _exactness, run_script  # noqa: F401
-from specs import KQ_GLM
+
 
 class NodeNames:
     """cb_eval that records graph node names matching a pattern (to prove which path ran)."""

@@ -174,7 +174,7 @@ def test_a_share_that_never_computes_is_not_measured(tiny_glm: Path, monkeypatch
 
 
 class _FakeModel:
-    class facts:  # noqa: N801 - stands in for Model.facts
+    class facts:  # stands in for Model.facts
         n_expert_used, n_expert, slab_bytes = 4, 48, 2_000_000
 
     n_vocab = 1000
@@ -225,7 +225,8 @@ def test_the_fetch_costs_reach_the_cost_model(cfg_home: Path) -> None:
                               share_ms=0.025, fetch_base_ms=6.5, share_cpu_gbps=20.0)
     cm = c.cost_model(pinned=True)
     assert (cm.fetch_gbps, cm.share_ms, cm.fetch_base_ms, cm.share_cpu_gbps) == (41.0, 0.025, 6.5, 20.0)
-    assert "41.0 GB/s read by the GPU" in c.render() and "CPU share 25 us/layer (--policy fetch-split), its CPU at 20.0 GB/s" in c.render()
+    assert "41.0 GB/s read by the GPU" in c.render()
+    assert "CPU share 25 us/layer (--policy fetch-split), its CPU at 20.0 GB/s" in c.render()
     # `auto` considers fetch-split only where the share was measured (which also ran it here)
     here = dataclasses.replace(c, machine=calibrate.machine_id())
     assert not calibrate.share_measured()                                  # no calibration

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
+from ggufs import write_moe  # (tests/ is on sys.path)
 
 from moeslots.engine import discovery, ggufhead
 from moeslots.engine.hardware import GiB, Gpu
@@ -53,9 +53,9 @@ def _survey(layout: dict, gpus: list[Gpu], ram: int | None) -> discovery.Survey:
 def test_every_source_is_searched_once_per_real_file(layout: dict) -> None:
     s = _survey(layout, [], 64 * GiB)
     by_label = {m.found.label: m for m, _ in s.models}
-    assert sorted(m.found.label for m, _ in s.models) == sorted(["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf", "zai/GLM-Tiny: glm.gguf",
-                                       "big-00001-of-00002.gguf", "dense.gguf", "own.gguf", "here.gguf",
-                                       "notes.gguf", "moeslots-tiny-glm4moe.gguf (bundled)"])
+    assert sorted(m.found.label for m, _ in s.models) == sorted([
+        "acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf", "zai/GLM-Tiny: glm.gguf", "big-00001-of-00002.gguf", "dense.gguf",
+        "own.gguf", "here.gguf", "notes.gguf", "moeslots-tiny-glm4moe.gguf (bundled)"])
     assert {m.found.source for m, _ in s.models} == {"bundled", "hf", "lmstudio", "config", "cwd"}
     assert by_label["moeslots-tiny-glm4moe.gguf (bundled)"].error == ""      # listed first, and usable
     hf = by_label["acme/Tiny-MoE-GGUF: tiny-moe-Q4.gguf"]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from exactness import _tokens
+from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
+
 from moeslots.engine import native_tier, replay
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import CacheError, SlotPlan, swap
@@ -22,7 +23,6 @@ from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.native_tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, Tier, simulate_hybrid
-from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
 
 COST = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)
 # a CPU share: a CPU expert costs 1.5 GPU copies, so of m misses the device copies 3m/5 (rounded, the fewest on ties)
@@ -41,7 +41,6 @@ def test_the_fetch_tier_keeps_logits_exact_and_its_core(tiny_qwen: Path, slots: 
     decodes after the tier differ from stock; with the take's host plane dropped, the fetch-split rows differ)."""
     with Model(tiny_qwen, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
         f = m.facts
-        k = f.n_expert_used
         ctx.enable_stats(ring_rows=4096)
         stock = _script(ctx)
         plan = SlotPlan.uniform(f.moe_layers, slots, f.n_expert)

@@ -9,11 +9,10 @@ import os
 import struct
 from pathlib import Path
 
+import ggufs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import ggufs
 from probe_load import run as probe
 
 _INT_RANGE = {"B": (0, 2**8 - 1), "b": (-2**7, 2**7 - 1), "H": (0, 2**16 - 1), "h": (-2**15, 2**15 - 1),

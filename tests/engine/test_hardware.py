@@ -16,13 +16,13 @@ SMI_H200 = "NVIDIA H200, 9.0, 143771, 142000\n"
 NVCC_OUT = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\n"
 
 
-def _runner(outputs: dict[str, str | None]):  # noqa: ANN202
+def _runner(outputs: dict[str, str | None]):
     def run(cmd: Sequence[str]) -> str | None:
         return outputs.get(Path(cmd[0]).name)
     return run
 
 
-def _which(present: set[str]):  # noqa: ANN202
+def _which(present: set[str]):
     return lambda name: f"/usr/bin/{name}" if name in present else None
 
 

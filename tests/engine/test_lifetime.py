@@ -8,11 +8,11 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from exactness import _tokens, assert_identical
 
 from moeslots.engine import cache
 from moeslots.engine.cache import CacheError, SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
-from exactness import _tokens, assert_identical
 
 
 def _trunk(m: Model) -> list[int]:

@@ -7,18 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from specs import TINY_GLM
 
 from moeslots.engine import synth
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.mtp import MTP, greedy_tokens
-from specs import TINY_GLM
 
 PROMPT_TEXT = "The expert cache keeps a fixed set"
 
 
-def plain_greedy(ctx: Context, prompt: list[int], n: int, is_eog) -> list[int]:  # noqa: ANN001
+def plain_greedy(ctx: Context, prompt: list[int], n: int, is_eog) -> list[int]:
     ctx.reset()
     ctx.decode(prompt, prompt=True)
     out = []

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from specs import TINY_GLM
 
 from moeslots.engine import synth
 from moeslots.engine.engine import Done, Engine, EngineConfig, Message
 from moeslots.engine.mtp_auto import OFF, ON, PROBE
-from specs import TINY_GLM
 
 PROMPTS = ["The expert cache keeps a fixed set", "hello there", "def f(x):", "a b c d e f g"]
 
@@ -40,7 +40,7 @@ def test_switching_on_and_off_keeps_the_greedy_text(tiny_glm: Path) -> None:
         states: list[str] = []
         orig = auto.step
 
-        def spy(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        def spy(*a, **kw):
             auto.fixed_break_even = 2.0 if len(states) // 5 % 2 else -1.0
             out = orig(*a, **kw)
             states.append(auto.state)

@@ -11,13 +11,13 @@ from typing import Callable
 
 import numpy as np
 import pytest
-
 from exactness import _tokens, assert_identical, run_script
+
 from moeslots.engine import native_tier, replay
 from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import CacheError, SlotPlan, swap
-from moeslots.engine.native_tier import masks
 from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.native_tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import NATIVE, NATIVE_GPU_PACK, Tier, simulate_hybrid
 
@@ -171,7 +171,8 @@ def test_a_tier_ended_while_a_graph_runs_leaves_consistent_maps(tiny_glm: Path) 
         return True
 
     callback = native.llama().ggml_backend_sched_eval_callback(cb)
-    with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m, Context(m, n_ctx=256, threads=2, cb_eval=callback) as ctx:
+    with (Model(tiny_glm, LoadOptions(extra_bufts=False)) as m,
+          Context(m, n_ctx=256, threads=2, cb_eval=callback) as ctx):
         f = m.facts
         trunk = [il for il in f.moe_layers if il < f.n_layer]
         toks = _tokens(m.n_vocab, 60, 3)

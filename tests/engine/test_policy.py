@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from moeslots.engine import calibrate, replay
@@ -17,9 +16,9 @@ from moeslots.engine.bench import tier as tier_bench
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.native_tier import masks
-from moeslots.profiles.policy import Policy
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
+from moeslots.profiles.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
@@ -34,10 +33,10 @@ def _reply(e: Engine, ask: str) -> str:
 
 
 def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
-    """static, hybrid, dynamic, fetch, fetch-split through the Engine, with MTP drafts (verify batches, which step the host tier
-    too; the GPU-stepped one (fetch: 2 core + 4 tier slots, k 4) only in batches whose picks fit in it): the same
-    greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads (fetch-split
-    under the default costs: the CPU takes a share of every stepped batch's misses)."""
+    """static, hybrid, dynamic, fetch, fetch-split through the Engine, with MTP drafts (verify batches, which step
+    the host tier too; the GPU-stepped one (fetch: 2 core + 4 tier slots, k 4) only in batches whose picks fit in it):
+    the same greedy replies as 0 slots; the tier's uploads show in the plan, the snapshot's split and the uploads
+    (fetch-split under the default costs: the CPU takes a share of every stepped batch's misses)."""
     texts, cpu_of = {}, {}
     for policy, slots in (("static", 0), ("static", 6), ("hybrid", 6), ("dynamic", 6), ("fetch", 6),
                           ("fetch-split", 6)):
@@ -62,7 +61,8 @@ def test_every_policy_gives_the_static_text(tiny_glm: Path) -> None:
                 assert snap.policy == policy and snap.tier_slots == (1 if policy == "hybrid" else 6)
                 assert snap.policy_line.startswith(f"{policy}: {6 - snap.tier_slots} core + {snap.tier_slots} tier")
                 assert tier > 0 and snap.tier_uploads_per_token > 0 and snap.upload_mb_per_token > 0
-                assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e.state.decode_tokens    # verify batches step
+                # verify batches step
+                assert snap.mtp_drafted > 0 and e.residency.tier.tokens >= e.state.decode_tokens
                 assert snap.cpu_experts_per_token == cpu          # host-memory work: the tier's CPU misses
                 assert (core == 0) == (policy == "dynamic")
                 assert e.state.plan != SlotPlan.uniform([1, 2], 6, 16)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from specs import TINY_Q35
 
 from moeslots.engine import recurrent, synth
 from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context
 from moeslots.engine.template import render
-from specs import TINY_Q35
 
 # written for these tests in the shape of Qwen3.5/3.6's template: a tools check, whitespace control, history
 # without the generation prompt's <think> opener

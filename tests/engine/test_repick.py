@@ -7,15 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cache import decode_steps
 
 from moeslots.engine import cache
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.profiles.plan import elect
 from moeslots.profiles.costs import CostModel
-from test_cache import decode_steps
-
+from moeslots.profiles.plan import elect
 
 CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1e-3, pcie_gbps=1e6, gpu_gbps=1000.0, base_ms=0.0)   # re-picking pays
 DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)   # uploads never pay

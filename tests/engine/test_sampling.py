@@ -58,7 +58,7 @@ def test_bad_settings_are_one_line(bad: Sampling, needle: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_glm: Path):  # noqa: ANN201
+def engine(tiny_glm: Path):
     e = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=12, mtp=False))
     yield e
     e.close()

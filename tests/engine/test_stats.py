@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine import native, stats as stats_mod
+from moeslots.engine import native
+from moeslots.engine import stats as stats_mod
 from moeslots.engine.cache import SlotPlan
 from moeslots.engine.model import Context, LoadOptions, Model
 from moeslots.engine.trace import RouterTracer
@@ -150,8 +151,8 @@ def test_scheduler_clock_counts_graphs_and_splits(tiny_glm: Path) -> None:
 def test_warm_up_graphs_do_not_fill_the_ring(tiny_qwen: Path) -> None:
     """A warm-up decode (llama_set_warmup: the graph picks every expert) counts its picks but writes no ring row,
     on a partly resident layer (the host chain's flat ids) as on the others; the next decode writes one row per MoE
-    layer and token, k ids each. (Checked: counting the flat ids with the model's k turned the warm-up row into n_expert / k
-    misgrouped ring rows.)"""
+    layer and token, k ids each. (Checked: counting the flat ids with the model's k turned the warm-up row into
+    n_expert / k misgrouped ring rows.)"""
     from moeslots.engine import native
 
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:

@@ -7,12 +7,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from specs import KQ_GLM, TINY_GLM
 
 from moeslots.engine import synth
 from moeslots.engine.generate import greedy_stream, open_model
 from moeslots.engine.model import Context, LoadOptions, Model, inspect_gguf
-
-from specs import KQ_GLM, TINY_GLM
 
 
 def test_q4_k_blocks_are_zero_mean_with_the_asked_std() -> None:

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import ggufs
-from moeslots.engine import ggufhead, validate
+import pytest
 from probe_load import run as probe
+
+from moeslots.engine import ggufhead, validate
 
 # (model fixture, key, bad value, what the one line says); the comment: what llama.cpp did with it
 CASES = [
@@ -36,7 +36,8 @@ CASES = [
     ("tiny_ds2", "attention.key_length_mla", 1, "leaves no non-rotary head dimensions"),                       # 134
     ("tiny_q35", "ssm.inner_size", 65, "ssm.inner_size = 65: the delta-net layers want"),                      # 134
     ("tiny_q35", "full_attention_interval", 0, "full_attention_interval = 0: must be at least 1"),             # SIGFPE
-    ("tiny_q35", "rope.dimension_sections[2]", 511, ", 511, 0]: each >= 0, the first three not all 0, together at most the head size"),     # 134
+    ("tiny_q35", "rope.dimension_sections[2]", 511,                                                            # 134
+     ", 511, 0]: each >= 0, the first three not all 0, together at most the head size"),
 ]
 
 

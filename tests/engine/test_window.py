@@ -12,12 +12,12 @@ from typing import Sequence
 
 import numpy as np
 import pytest
+from specs import TINY_GLM
 
 from moeslots.engine import ggufhead, recurrent, synth, window
 from moeslots.engine.engine import Done, Engine, EngineConfig, Message
 from moeslots.engine.errors import EngineError
 from moeslots.engine.model import Context
-from specs import TINY_GLM, TINY_Q35
 
 N_CTX = 256
 MAX_TOKENS = 16                      # the reply's room: min(16, 256 // 4)

@@ -5,7 +5,6 @@ the static core the best choice."""
 from __future__ import annotations
 
 import dataclasses
-
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +30,8 @@ def _drifting(T: int, L: int, E: int, k: int, hot: int, every: int, seed: int = 
     P = np.empty((T, L, k), np.int32)
     for t in range(T):
         base = (t // every) * hot % E
-        for l in range(L):
-            P[t, l] = (base + rng.choice(hot, k, replace=False)) % E
+        for layer in range(L):
+            P[t, layer] = (base + rng.choice(hot, k, replace=False)) % E
     return P
 
 
@@ -64,7 +63,7 @@ def test_free_uploads_make_a_dynamic_cache_with_nothing_on_the_cpu() -> None:
 
 def test_a_tier_follows_drifting_routing_and_dear_uploads_keep_the_core() -> None:
     P = _drifting(400, 2, 64, 4, hot=8, every=50)
-    counts = np.stack([np.bincount(P[:100, l].ravel(), minlength=64) for l in range(2)])   # a stale profile
+    counts = np.stack([np.bincount(P[:100, layer].ravel(), minlength=64) for layer in range(2)])   # a stale profile
     cheap = hybrid.sweep(P[100:], counts, 16, CostModel(slab_mb=3.0, pcie_gbps=55.0), tiers=[0, 8])
     assert cheap[1].hit_rate > cheap[0].hit_rate + 0.3 and cheap[1].ms_per_token < cheap[0].ms_per_token
     dear = hybrid.sweep(P[100:], counts, 16, CostModel(slab_mb=3.0, pcie_gbps=0.01), tiers=[0, 8])
@@ -142,8 +141,8 @@ def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     mixed = run("--slots", "16", "--policy", "hybrid", "--policy", "lru")
     assert mixed.returncode == 2 and "runs alone" in mixed.stderr
     # the GPU-stepped tier with a CPU share: its own line, its cost per layer; a cheap share moves misses to the CPU
-    split = run("--slots", "16", "--policy", "hybrid", "--tier", "8", "--mechanism", "fetch-split", "--slab-mb", "0.035",
-                "--cpu-gbps", "50", "--fetch-gbps", "50", "--share-ms", "0.001")
+    split = run("--slots", "16", "--policy", "hybrid", "--tier", "8", "--mechanism", "fetch-split",
+                "--slab-mb", "0.035", "--cpu-gbps", "50", "--fetch-gbps", "50", "--share-ms", "0.001")
     assert split.returncode == 0 and "fetch-split (--policy fetch-split)" in split.stdout and "0.001 ms" in split.stdout
     row = next(ln for ln in split.stdout.splitlines() if ln.startswith("| 8 + 8"))
     assert float(row.split("|")[6]) > 0                                  # CPU experts per token

@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moeslots.profiles.locality import layer_skew, locality, reuse_distances, uniform_overlap, window_overlap, \
-    working_set
+from moeslots.profiles.locality import (
+    layer_skew,
+    locality,
+    reuse_distances,
+    uniform_overlap,
+    window_overlap,
+    working_set,
+)
 
 
 def test_reuse_distances_by_hand() -> None:

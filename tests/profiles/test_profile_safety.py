@@ -84,7 +84,7 @@ def test_an_interrupt_before_the_first_decode_token_keeps_the_old_profile(tiny_g
     prompt.write_text("def f(x): return x")
     decode = model_mod.Context.decode
 
-    def interrupted_at_first_token(self, tokens, *, all_logits=False, prompt=False):  # noqa: ANN001, ANN202
+    def interrupted_at_first_token(self, tokens, *, all_logits=False, prompt=False):
         if not prompt:
             raise KeyboardInterrupt
         return decode(self, tokens, all_logits=all_logits, prompt=prompt)

@@ -235,7 +235,7 @@ def test_union_of_experts_per_batch() -> None:
     assert distinct_per_batch(t, 1, max_batch=2) == {1: 1.0, 2: 2.0}       # expert 1 resident
 
 
-def _elect_reference(scores, resident, max_swaps, margin):  # noqa: ANN001, ANN202 - the rule, spelled out slowly
+def _elect_reference(scores, resident, max_swaps, margin):  # the rule, spelled out slowly
     res = list(resident)
     if not res or max_swaps <= 0:
         return []

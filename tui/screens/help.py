@@ -42,7 +42,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll():
                 yield Static(table, id="help-table")
             yield Label("Rebind any key in ~/.config/moeslots/config.toml, e.g. [keymap] slots = \"f9\" "
-                        "(ids: docs/usage.md)", id="help-foot")
+                        "(ids: docs/reference.md)", id="help-foot")
 
     def action_close(self) -> None:
         self.dismiss(None)

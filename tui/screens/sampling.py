@@ -6,7 +6,7 @@ dialog, which stays open with what was typed; nothing is saved. The chat's syste
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 from textual import on
 from textual.app import ComposeResult
@@ -56,7 +56,7 @@ def shown(s: Sampling, f: Field) -> str:
 def parse_sampling(texts: Mapping[str, str]) -> tuple[Sampling | None, str]:
     """(settings, "") or (None, one line saying what is wrong); texts: Sampling field name -> what was typed (an
     empty or missing field: its default)."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}             # each value as its field types it (float or int)
     for f in FIELDS:
         text = texts.get(f.name, "").strip()
         if text == "" or (f.name == "seed" and text.lower() in ("none", "random")):
