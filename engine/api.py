@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, Union
 
 from ..profiles.policy import STATIC, Policy
-from .cache import SlotPlan
 from .errors import EngineError
+from .native.expert_cache import SlotPlan
 
 if TYPE_CHECKING:
     from ..profiles.trace import Trace

@@ -1,6 +1,6 @@
 """The config file, $XDG_CONFIG_HOME/moeslots/config.toml: where it is, and an atomic TOML write that keeps every
 other table; where moeslots keeps its data ($XDG_DATA_HOME/moeslots). Shared by the app's settings (tui/config.py)
-and the engine's calibration (engine/calibrate.py)."""
+and the engine's calibration (engine/machine/calibrate.py)."""
 
 from __future__ import annotations
 

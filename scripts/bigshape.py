@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moeslots.engine import bundled, replay
-from moeslots.engine.calibrate import Calibration
+from moeslots.engine.machine import bundled
+from moeslots.engine.machine.calibrate import Calibration
+from moeslots.engine.native import replay
 from moeslots.profiles.costs import CostModel
 
 

@@ -25,8 +25,8 @@ QUESTIONS = ["What does a mixture-of-experts layer do?", "And how many experts d
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from moeslots.engine.cache import SlotPlan
-    from moeslots.engine.engine import Done, Engine, EngineConfig
+    from moeslots.engine.native.expert_cache import SlotPlan
+    from moeslots.engine.runtime.engine import Done, Engine, EngineConfig
     from moeslots.tui.app import MoeslotsApp, Prompt
     from moeslots.tui.store import Store
 

@@ -50,13 +50,13 @@ class Session:
 
 def run_session(name: str, model: Path, n: int, prompt: str, *, auto: bool, slots: int | str, pack_host: bool,
                 mtp: bool, threads: int | None, replay_rows: "object | None" = None) -> Session:
-    from moeslots.engine.engine import Done, Engine, EngineConfig, Message
+    from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
 
     eng = Engine(EngineConfig(model=model, n_ctx=max(4096, 2 * n + 1024), slots=slots, mtp=mtp, threads=threads,
                               pack_host=pack_host, auto_profile=auto, max_tokens=n))
     try:
         if replay_rows is not None:
-            from moeslots.engine import replay
+            from moeslots.engine.native import replay
 
             replay.set_replay(eng.ctx.ptr, replay_rows)   # type: ignore[arg-type]
         started_with = str(eng.cfg.profile or "")
@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(a.data_dir) if a.data_dir else Path(tempfile.mkdtemp(prefix="moeslots-firstrun-"))
     os.environ["XDG_DATA_HOME"] = str(data)              # a fresh data folder: no profile for this model yet
 
-    from moeslots.engine import autoprofile, native
     from moeslots.engine.errors import EngineError
+    from moeslots.engine.native import lib as native
+    from moeslots.engine.runtime import autoprofile
 
     native.require_patched()
     pack_host = a.pack_host or not native.gpus()
@@ -151,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _replay_tables(what: str, model: Path, parts: int) -> list:
     """`parts` disjoint row ranges of one replay table (uniform random, or a trace's decode rows)."""
-    from moeslots.engine import replay
-    from moeslots.engine.model import inspect_gguf
+    from moeslots.engine.llm.model import inspect_gguf
+    from moeslots.engine.native import replay
 
     f = inspect_gguf(model)
     trunk = [il for il in f.moe_layers if il < f.n_layer]

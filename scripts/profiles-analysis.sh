@@ -228,8 +228,8 @@ python - "$MODEL" "$OUT/test-code.csv" "$TEMP" "$N" "$OUT"/prompts-test-code/*.p
 import sys
 from pathlib import Path
 
-import moeslots.engine.engine as eng
-from moeslots.engine.record import record
+import moeslots.engine.runtime.engine as eng
+from moeslots.engine.runtime.record import record
 
 eng.render_chat = lambda model, messages: "".join(m.content for m in messages)   # raw completion, no template
 model, out, temp, n, files = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
@@ -318,7 +318,7 @@ for k in ("train-code", "train-chat", "test-code", "test-chat"):
         np.add.at(c, (np.broadcast_to(np.array(layers)[None, :, None], h.shape).ravel(), h.ravel()), 1)
         halves.append(prof.Profile(c, c * 0, len(h), 0))
     print(f"| {k} | " + " | ".join(f"{100*prof.overlap(*halves, S)[L].mean():.1f}" for S in (S1, S2)) + " |")
-from moeslots.engine.model import LoadOptions, Model
+from moeslots.engine.llm.model import LoadOptions, Model
 
 m = Model(model, LoadOptions(experts_on_host=True))
 own_slab = m.facts.slab_bytes / 1e6

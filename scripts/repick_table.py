@@ -18,7 +18,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from moeslots.engine.calibrate import Calibration
+from moeslots.engine.machine.calibrate import Calibration
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from moeslots.engine import bundled
-from moeslots.engine.engine import Engine, EngineConfig
+from moeslots.engine.machine import bundled
+from moeslots.engine.runtime.engine import Engine, EngineConfig
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from moeslots.engine import synth
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native.expert_cache import SlotPlan
 
 PROMPT_LEN = 512                      # one ubatch of 512 rows through both chains
 CHUNKS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 1]   # around the kernels' batch thresholds (4/5, 8/9, 16/17, 32)

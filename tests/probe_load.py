@@ -34,8 +34,8 @@ def run(model: Path, *extra: str, timeout: float = 60) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from moeslots.engine.engine import Done, Engine, EngineConfig, Message
     from moeslots.engine.errors import EngineError
+    from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
 
     model = Path(argv[1])
     profile = Path(argv[2]) if len(argv) > 2 else None

@@ -63,7 +63,7 @@ def test_every_engine_the_app_meets_has_the_whole_protocol() -> None:
     from fakes import FakeEngine, FastEngine  # (tests/ is on sys.path)
 
     from moeslots.engine import api
-    from moeslots.engine.engine import Engine
+    from moeslots.engine.runtime.engine import Engine
     from moeslots.tui.screens.models import Switching
 
     members = [m for m in vars(api.Engine) if not m.startswith("_")] + list(api.Engine.__annotations__)

@@ -18,7 +18,7 @@ def test_doctor_reports_patched() -> None:
     checkout's series, the CPU threads this process may use, and no calibration (the tests' config is empty)."""
     import os
 
-    from moeslots.engine import patchset
+    from moeslots.engine.build import patchset
 
     r = run("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -33,7 +33,7 @@ def test_doctor_reports_patched() -> None:
 def test_native_struct_matches_ggml() -> None:
     import ctypes
 
-    from moeslots.engine import native
+    from moeslots.engine.native import lib as native
 
     L = native.lib()
     L.ggml_tensor_overhead.restype = ctypes.c_size_t
@@ -94,8 +94,8 @@ def test_synth_cli_prints_routing_check(tmp_path: Path) -> None:
 
 
 def test_stock_or_stale_engine_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moeslots.engine import native
     from moeslots.engine.errors import NotPatchedError
+    from moeslots.engine.native import lib as native
 
     assert native.require_patched().startswith("moeslots ")
     monkeypatch.setattr(native, "patch_version", lambda: None)
@@ -121,7 +121,7 @@ def test_bad_config_is_one_line(tmp_path: Path, tiny_qwen: Path) -> None:
 def test_a_missing_bundled_model_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from moeslots import cli
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     monkeypatch.setattr(bundled, "_ASSETS", tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))        # no [app] model of the developer's

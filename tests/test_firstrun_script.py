@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import bundled
+from moeslots.engine.machine import bundled
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "firstrun.py"
 

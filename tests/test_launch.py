@@ -114,7 +114,7 @@ def test_chat_without_a_profile_turns_the_auto_profile_on(dirs: Path, tiny_glm: 
     assert cli.main(["chat", str(tiny_glm), "--threads", "2", "--no-mtp", "--no-auto-profile", "--mmap"]) == 0
     assert not seen[-1][4] and seen[-1][5].mmap is True
     prof = dirs / "p.csv"
-    from moeslots.engine.engine import Engine, EngineConfig, Message
+    from moeslots.engine.runtime.engine import Engine, EngineConfig, Message
 
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, max_tokens=16))
     e.start_recording()
@@ -143,7 +143,7 @@ def test_the_bundled_model_keeps_its_profile_and_slots_however_it_is_opened(dirs
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`make run` (`moeslots app --bundled`) opens the bundled model even after another model was used, and the
     bundled model opened by its path gets its own profile and 16 slots, not "no profile" and 0 slots."""
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     seen = _capture_app(monkeypatch)
     _cfg(dirs, f'[app]\nlast_model = "{tiny_glm}"\n')

@@ -14,7 +14,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from moeslots.engine import bundled, replay
+from moeslots.engine.machine import bundled
+from moeslots.engine.native import replay
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE.parent / "scripts" / "sidebyside"

@@ -116,7 +116,7 @@ def _fresh_mtp(engine: Any) -> None:
 
 def run_engine_side(engine: Any, prompt: str, replies: int) -> SideResult:
     """`replies` replies to `prompt`, each in a new chat, consumed in a worker thread like the app's."""
-    from ..engine.engine import Done, Message
+    from ..engine.runtime.engine import Done, Message
 
     _fresh_mtp(engine)
     tok_s: list[float] = []
@@ -226,7 +226,7 @@ def run(engine: Any, *, model: str, slots: int, threads: int, mtp: bool, n_token
         load = OtherLoad()
         side = (run_engine_side(engine, prompt, replies) if name == "engine" else run_app_side(engine, prompt, replies))
         sides[name] = dataclasses.replace(side, others=load.cores())
-    from ..engine.threads import allowed_cpus
+    from ..engine.machine.threads import allowed_cpus
 
     return AppBenchResult(model, slots, threads, mtp, n_tokens, sides["engine"], sides["app"],
                           sides["engine"].text == sides["app"].text, getattr(engine.snapshot(), "mtp_line", ""),

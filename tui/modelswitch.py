@@ -17,8 +17,8 @@ from typing import Any, Callable
 from textual.app import App
 from textual.worker import Worker
 
-from ..engine import discovery
 from ..engine.api import Engine
+from ..engine.machine import discovery
 from .messages import EngineSwitched
 from .screens.models import ModelsScreen, Switching
 

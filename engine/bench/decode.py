@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...profiles.plan import plan_from_counts
-from .. import cache, replay
-from .. import stats as stats_mod
-from ..cache import SlotPlan
-from ..model import Context, LoadOptions, Model
+from ..llm.model import Context, LoadOptions, Model
+from ..native import expert_cache as cache
+from ..native import replay, routing_stats
+from ..native.expert_cache import SlotPlan
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ class CompareRow:
 
 def _regime(picks: np.ndarray, moe_layers: Sequence[int]) -> tuple[float, float]:
     """Mean over the routed layers of (distinct experts, top-10 % share)."""
-    per = [stats_mod.regime(picks[il]) for il in moe_layers if picks[il].sum() > 0]
+    per = [routing_stats.regime(picks[il]) for il in moe_layers if picks[il].sum() > 0]
     return (float(np.mean([d for d, _ in per])), float(np.mean([t for _, t in per]))) if per else (0.0, 0.0)
 
 
@@ -95,24 +95,24 @@ class _Bench:
     def set_slots(self, profile: np.ndarray, s: int) -> str:
         return self.m.set_slots(SlotPlan(plan_from_counts(profile, s, self.moe)), pack_host=self.pack_host)
 
-    def timed(self) -> tuple[float, list[float], "stats_mod.RoutingStats | None", int]:
+    def timed(self) -> tuple[float, list[float], "routing_stats.RoutingStats | None", int]:
         ctx = self.ctx
         ctx.reset()
-        stats_mod.reset(ctx.ptr)
+        routing_stats.reset(ctx.ptr)
         t0 = time.perf_counter()
         ctx.decode(self.prompt, prompt=True)
         pp = time.perf_counter() - t0
-        b0 = stats_mod.weight_copy_bytes()
+        b0 = routing_stats.weight_copy_bytes()
         if self.timing:
-            stats_mod.sched_timing(True)
+            routing_stats.sched_timing(True)
         per = []
         for t in self.stream:
             t1 = time.perf_counter()
             ctx.decode([t])
             per.append(time.perf_counter() - t1)
         if self.timing:
-            self.last_timing = timing_per_token(stats_mod.sched_timing(False), per)
-        moved = stats_mod.weight_copy_bytes() - b0
+            self.last_timing = timing_per_token(routing_stats.sched_timing(False), per)
+        moved = routing_stats.weight_copy_bytes() - b0
         st = ctx.read_stats() if ctx.stats_ring >= 0 else None
         return pp, per, st, moved
 
@@ -209,7 +209,7 @@ def compare(model_path: Path, slot_counts: Sequence[int], *, prompts: int = 4, t
     return rows
 
 
-def timing_per_token(t: "stats_mod.SchedTiming | None", per: Sequence[float]) -> dict | None:
+def timing_per_token(t: "routing_stats.SchedTiming | None", per: Sequence[float]) -> dict | None:
     """The scheduler's clock over the timed decode tokens as ms per token, with the token's wall time and what the
     clock did not see (`rest`: the final wait for the last split, sampling-free decode bookkeeping, Python)."""
     if t is None or not per:

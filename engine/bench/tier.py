@@ -12,17 +12,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...profiles import policy as policy_mod
 from ...profiles.costs import CostModel
 from ...profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, simulate_hybrid
 from ...profiles.plan import plan_from_counts
+from ...profiles.policy import GPU_STEPPED, choose_policy, tier_slots
 from ...profiles.repick import Picks
 from ...profiles.simulate import layer_counts
-from .. import autocal, calibrate, native, replay
-from .. import stats as stats_mod
-from ..cache import SlotPlan
-from ..model import Context, LoadOptions, Model, default_threads
-from ..native_tier import NativeTier, TierCounts, masks
+from ..llm.model import Context, LoadOptions, Model, default_threads
+from ..machine import autocal, calibrate
+from ..native import lib as native
+from ..native import replay, routing_stats
+from ..native.expert_cache import SlotPlan
+from ..native.tier import NativeTier, TierCounts, masks
 
 
 @dataclasses.dataclass
@@ -96,12 +97,12 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                     if pol == "default" and not gpu:                  # no GPU holds the slots: static
                         chosen, d, why = "static", 0, "static (the default without a GPU)"
                     elif pol in ("auto", "default"):
-                        chosen, d, why = policy_mod.choose_policy(Picks(prof, moe, f.n_expert), s, cost,
+                        chosen, d, why = choose_policy(Picks(prof, moe, f.n_expert), s, cost,
                                                                   fetch=not (pack_host or mmap),
                                                                   share=cal is not None and cal.share_ms > 0)
                     else:
-                        chosen, d, why = pol, policy_mod.tier_slots(pol, s, tier, used=f.n_expert_used), ""
-                    tiers[pol] = (d, why, chosen if chosen in policy_mod.GPU_STEPPED else "")
+                        chosen, d, why = pol, tier_slots(pol, s, tier, used=f.n_expert_used), ""
+                    tiers[pol] = (d, why, chosen if chosen in GPU_STEPPED else "")
                 runs: dict[str, list[TierRow]] = {pol: [] for pol in policies}
                 for rep in range(reps):
                     for pol in (policies if rep % 2 == 0 else list(reversed(policies))):
@@ -144,7 +145,7 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: 
         if runner is not None:
             runner.step(force=True)
             runner.counts = TierCounts()                           # count the timed rows only
-        stats_mod.reset(ctx.ptr)
+        routing_stats.reset(ctx.ptr)
         for t in toks[16:16 + len(P)]:
             t1 = time.perf_counter()
             ctx.decode([t])

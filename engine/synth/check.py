@@ -48,7 +48,7 @@ class RoutingCheck:
 
 def summarize_routing(picks: dict[int, np.ndarray], n_expert: int, k: int) -> RoutingCheck:
     """picks: layer -> int array [n_tokens, k]."""
-    from ..stats import regime
+    from ..native.routing_stats import regime
 
     distinct, top10 = {}, {}
     n_tokens = 0
@@ -60,7 +60,7 @@ def summarize_routing(picks: dict[int, np.ndarray], n_expert: int, k: int) -> Ro
 
 def routing_check(path: Path, n_tokens: int = 256, threads: int | None = None, seed: int = 1) -> RoutingCheck:
     """Run n_tokens random tokens through the engine (one batch, all rows output) and trace the router."""
-    from .. import trace
+    from ..native import evaltrace as trace
 
     tr = trace.trace_random_tokens(Path(path), n_tokens=n_tokens, threads=threads, seed=seed)
     return summarize_routing(tr.picks, tr.n_expert, tr.k)

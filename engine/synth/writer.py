@@ -169,7 +169,7 @@ LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15}
 
 
 def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> None:
-    from .. import native
+    from ..native import lib as native
 
     L = native.llama()
     params = L.llama_model_quantize_default_params()

@@ -25,15 +25,15 @@ SLOTS = "0,16,32,64,96,128"
 
 def _engine_setup(a: argparse.Namespace) -> list[int]:
     """What every engine benchmark does first: the engine checked, --slots read, the host-chain overlap set."""
-    from ..engine import cache as cache_mod
-    from ..engine import native
+    from ..engine.native import expert_cache
+    from ..engine.native import lib as native
 
     native.require_patched()
     slots = int_list(a.slots, "--slots")
     if any(n < 0 for n in slots):
         raise UserError(f"--slots takes numbers >= 0 (slots per layer), got {a.slots!r}")
-    cache_mod.set_async(a.async_cpu)
-    print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if cache_mod.async_enabled() else 'no'}",
+    expert_cache.set_async(a.async_cpu)
+    print(f"host chain overlaps the GPU chain: {'yes (--async-cpu)' if expert_cache.async_enabled() else 'no'}",
           file=sys.stderr)
     return slots
 
@@ -74,7 +74,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def cmd_mtp(a: argparse.Namespace) -> int:
-    from ..engine.bench import mtp
+    from ..engine.bench import drafts as mtp
 
     slots = _engine_setup(a)
     drafts = int_list(a.drafts, "--drafts")
@@ -93,9 +93,10 @@ def cmd_mtp(a: argparse.Namespace) -> int:
 
 
 def cmd_repick(a: argparse.Namespace) -> int:
-    from ..engine import autocal, calibrate
-    from ..engine.bench import repick, tier
-    from ..engine.model import default_threads, inspect_gguf
+    from ..engine.bench import policies as repick
+    from ..engine.bench import tier
+    from ..engine.llm.model import default_threads, inspect_gguf
+    from ..engine.machine import autocal, calibrate
     from ..profiles.policy import GPU_STEPPED, POLICIES
 
     if a.every is None and a.policy is None:

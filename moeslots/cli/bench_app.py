@@ -38,9 +38,10 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_bench_app(a: argparse.Namespace) -> int:
-    from ..engine import bundled, native
-    from ..engine.engine import Engine, EngineConfig
-    from ..engine.threads import app_threads
+    from ..engine.machine import bundled
+    from ..engine.machine.threads import app_threads
+    from ..engine.native import lib as native
+    from ..engine.runtime.engine import Engine, EngineConfig
     from ..tui import appbench
 
     model = Path(a.model)

@@ -29,11 +29,11 @@ def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], 
     prompt), the app's threads, re-picks as asked; `--repick auto` decided here, its reason a notice; the residency
     policy (`--policy`; by default auto where a GPU holds the slots, else static; auto is decided when the slots are
     planned, after a first-run calibration whose steps are printed here) said in a notice."""
-    from ..engine import native
-    from ..engine.engine import Engine as LocalEngine
-    from ..engine.engine import EngineConfig
-    from ..engine.residency import AUTO_EVERY
-    from ..engine.threads import app_threads
+    from ..engine.machine.threads import app_threads
+    from ..engine.native import lib as native
+    from ..engine.runtime.engine import Engine as LocalEngine
+    from ..engine.runtime.engine import EngineConfig
+    from ..engine.runtime.residency import AUTO_EVERY
 
     native.require_patched()
     # the engine's own error lines stay out of the terminal: a load that fails says why in one line of ours (from
@@ -50,7 +50,7 @@ def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], 
                         "experts per layer, or auto")
     repick = s.repick
     every, swaps = parse_repick(repick)
-    threads = s.threads or app_threads()       # the app keeps a physical core for its UI (engine/threads.py)
+    threads = s.threads or app_threads()       # the app keeps a physical core for its UI (engine/machine/threads.py)
     eng = LocalEngine(EngineConfig(model=model, n_ctx=s.ctx, slots=n_or_auto, profile=s.profile, mtp=s.mtp,
                                    threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
                                    async_cpu=s.async_cpu, mmap=s.mmap,
@@ -76,7 +76,7 @@ def _progress(line: str) -> None:
 
 def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Namespace | None = None,
             model: Path | None = None) -> int:
-    from ..engine import native
+    from ..engine.native import lib as native
     from ..tui.app import MoeslotsApp
     from ..tui.store import HistoryError, Store
 
@@ -127,8 +127,9 @@ def cmd_app(a: argparse.Namespace) -> int:
     """`moeslots` alone: the app on the default model: [app] model, else the last model used, else the bundled
     trained model (engine/assets) with its merged code+chat profile and a quarter of its experts in slots;
     `moeslots app --bundled` (`make run`): the bundled model whatever was used last."""
-    from ..engine import bundled, native
     from ..engine.errors import EngineError
+    from ..engine.machine import bundled
+    from ..engine.native import lib as native
 
     native.require_patched()
     target, gone = (None, "") if getattr(a, "bundled", False) else launch.start_model(config().get("app", {}))

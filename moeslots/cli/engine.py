@@ -14,7 +14,7 @@ def cmd_engine_build(a: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..engine import build
+    from ..engine.build import wheel as build
 
     console = Console(stderr=True)
     if a.export_source:
@@ -56,12 +56,12 @@ def cmd_engine_build(a: argparse.Namespace) -> int:
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
-    from ..engine import native
+    from ..engine.native import lib as native
 
     rep = native.doctor_report()
     for k, v in rep.lines():
         print(f"{k:<16} {v}")
-    from ..engine import hardware
+    from ..engine.machine import hardware
 
     warn = hardware.cpu_engine_warning(hardware.probe_gpus(), any(d.kind in ("GPU", "iGPU") for d in rep.devices))
     if warn:
@@ -69,7 +69,7 @@ def cmd_doctor(a: argparse.Namespace) -> int:
     if not (rep.patched and rep.up_to_date):
         return 1
     if a.calibrate:
-        from ..engine import calibrate
+        from ..engine.machine import calibrate
 
         print(f"calibrating with {a.calibrate} (uploads, CPU expert rate by threads, per-token base)...",
               file=sys.stderr)
@@ -82,7 +82,7 @@ def cmd_doctor(a: argparse.Namespace) -> int:
         print(f"saved            {p} [calibration.\"{c.machine}\"]: --repick auto and --policy auto now use "
               "these costs")
     else:
-        from ..engine import calibrate
+        from ..engine.machine import calibrate
 
         found = calibrate.load_all()
         if not found:

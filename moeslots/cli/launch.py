@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..engine import bundled
+from ..engine.machine import bundled
 from ..profiles.policy import TIER_SIZED, Policy
 from .common import UserError
 

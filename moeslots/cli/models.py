@@ -42,7 +42,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from ..engine import generate, native
+    from ..engine.llm import generate
+    from ..engine.native import lib as native
 
     native.require_patched()
     model = generate.open_model(Path(a.model), n_ctx=a.ctx, threads=a.threads, experts_on_host=not a.experts_on_gpu,
@@ -66,8 +67,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """Greedy text from the bundled model, without the app."""
-    from ..engine import bundled, native
     from ..engine.errors import EngineError
+    from ..engine.machine import bundled
+    from ..engine.native import lib as native
 
     native.require_patched()
     try:
@@ -81,7 +83,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_models(a: argparse.Namespace) -> int:
-    from ..engine import discovery
+    from ..engine.machine import discovery
 
     for d in a.dirs:
         if not Path(d).expanduser().is_dir():

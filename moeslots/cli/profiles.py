@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 def cmd_record(a: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..engine import native
-    from ..engine import record as rec
+    from ..engine.native import lib as native
+    from ..engine.runtime import record as rec
 
     console = Console(stderr=True)
     out = Path(a.output)

@@ -17,9 +17,9 @@ CASES = {
 
 BODY = """
 import sys, numpy as np
-from moeslots.engine import bundled
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.machine import bundled
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.llm.model import Context, LoadOptions, Model
 {case}
 m = Model(bundled.model(), opts)
 f = m.facts
@@ -39,9 +39,9 @@ print("ok", flush=True)
 
 MTP_GAP = """
 import numpy as np
-from moeslots.engine import bundled
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.mtp import MTP, greedy_tokens
+from moeslots.engine.machine import bundled
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.llm.mtp import MTP, greedy_tokens
 m = Model(bundled.model(), LoadOptions(load_mtp=True))
 ctx = Context(m, n_ctx=512, threads=16)
 ids = m.tokenize("<|user|>\\nWhat does `json.dumps` do?\\n<|assistant|>\\n", add_special=False, parse_special=True)
@@ -60,9 +60,9 @@ print("first divergence", d, "of", len(got), "top1-top2 gap there", None if d is
 
 SLOT_DISTANCE = """
 import numpy as np
-from moeslots.engine import bundled
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.machine import bundled
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.llm.model import Context, LoadOptions, Model
 m = Model(bundled.model(), LoadOptions())
 f = m.facts
 ctx = Context(m, n_ctx=512, threads=16)

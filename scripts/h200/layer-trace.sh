@@ -20,7 +20,7 @@ while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/buil
 echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
 if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
   (cd /tmp && timeout ${LIMIT:-560} python3 -P $R/scripts/h200/layer_trace.py /tmp/big.gguf ${THREADS:-16,6} \
-      ${SLOTS:-64,32} ${N:-48} 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
+      ${SLOTS:-64,32} ${N:-48} ${CALS:-2} 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
       | tee $B/layer-trace.txt)
 fi
 tar czf "$OUT/logs.tgz" -C $B . 2>/dev/null

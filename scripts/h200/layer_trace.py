@@ -3,7 +3,8 @@ and per MoE layer, the CPU splits' wait for the GPU, input copies and compute, t
 launches, and what the clock did not see. Also: the first-run calibration twice at each thread count (how far two
 readings of the same machine differ), and static timed before and after each GPU-stepped tier in two orders (whether
 a tier leaves the static cache slower). Random-token routing (a uniform replay table), experts pinned.
-Usage: python3 -P scripts/h200/layer_trace.py MODEL.gguf [THREADS,...] [SLOTS,...] [TOKENS]"""
+Usage: python3 -P scripts/h200/layer_trace.py MODEL.gguf [THREADS,...] [SLOTS,...|-] [TOKENS] [CALIBRATIONS]
+(SLOTS "-": the calibrations alone, CALIBRATIONS of them per thread count, default 2)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from moeslots.engine import autocal, replay
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.native_tier import NativeTier
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.machine import autocal
+from moeslots.engine.native import replay
+from moeslots.engine.native import routing_stats as stats_mod
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.tier import NativeTier
 
 HEADER = ("| threads | slots | what | wall ms | CPU splits | CPU wait | CPU copy | CPU compute | GPU splits | "
           "GPU wait | GPU copy | GPU launch | rest | per layer: CPU wait+copy µs | CPU compute µs |")
@@ -51,20 +53,25 @@ def row(threads: int, slots: int, what: str, d: dict[str, float], layers: int) -
 def main() -> None:
     path = Path(sys.argv[1])
     thread_counts = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "16,6").split(",")]
-    slot_counts = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "64,32").split(",")]
+    slots_arg = sys.argv[3] if len(sys.argv) > 3 else "64,32"
+    slot_counts = [] if slots_arg == "-" else [int(x) for x in slots_arg.split(",")]
     n = int(sys.argv[4]) if len(sys.argv) > 4 else 48
+    n_cal = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     with Model(path, LoadOptions(experts_on_host=True, use_mmap=False)) as m:
         f = m.facts
         moe = [il for il in f.moe_layers if il < f.n_layer]
         toks = [int(x) for x in np.random.default_rng(0).integers(0, m.n_vocab - 16, n + 16)]
         for threads in thread_counts:
             cals = []
-            for i in range(2):
-                c = autocal.run(m, threads=threads, slots=max(slot_counts), pack_host=False, log=lambda s: None)
+            for i in range(n_cal):
+                c = autocal.run(m, threads=threads, slots=max(slot_counts or [64]), pack_host=False,
+                                log=lambda s: None)
                 cals.append(c)
                 print(f"calibration {i + 1} at {threads} threads ({c.seconds:.1f} s): CPU {c.cpu_gbps:.1f} GB/s, "
                       f"base {c.base_ms:.2f} ms, fetch {c.fetch_gbps:.1f} GB/s + {c.fetch_base_ms:.2f} ms, share "
                       f"{1e3 * c.share_ms:.0f} µs/layer, share CPU {c.share_cpu_gbps:.1f} GB/s", flush=True)
+            if not slot_counts:
+                continue
             cost = cals[-1].cost_model(f.slab_bytes / 1e6, pinned=True, threads=threads)
             print(HEADER + "\n" + "|---" * 15 + "|", flush=True)
             with Context(m, n_ctx=n + 64, threads=threads) as ctx:

@@ -14,7 +14,7 @@
 # The costs the tier and `--policy auto` use are written into the config as a calibration: the CPU expert rate at 16
 # and 6 threads from `bench decode --timing` on this box (the CPU split's compute minus its fixed part at 127 slots),
 # uploads from its `doctor --calibrate` (pinned single-slab and pageable rates); the GPU-stepped tier's reading rate
-# and its CPU share's cost per layer as FIRST=1 measured them (engine/fetch_rates.py), else the cost model's defaults.
+# and its CPU share's cost per layer as FIRST=1 measured them (engine/machine/fetch_rates.py), else the cost model's defaults.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; N=${N:-64}; REPS=${REPS:-1}
@@ -46,8 +46,8 @@ if [ "$STAGE" = build ]; then
       # the GPU-stepped tier's own costs on this model (pinned, 64 slots, 6 threads): its reading rate and the CPU
       # share's cost per layer, for the calibration STAGE=run writes ($B/fetch-costs.txt), then a first reading
       (cd /tmp && timeout 200 python3 -P - > $B/fetch-costs.txt 2>&1 <<'PY'
-from moeslots.engine import fetch_rates
-from moeslots.engine.model import LoadOptions, Model
+from moeslots.engine.machine import fetch_rates
+from moeslots.engine.llm.model import LoadOptions, Model
 with Model("/tmp/big.gguf", LoadOptions(experts_on_host=True, use_mmap=False)) as m:
     moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
     g, s = fetch_rates.fetch_rates(m, moe, 64, 6, 32, False, print)
@@ -70,7 +70,7 @@ else
   if [ "$STAGE" = run ] && [ ! -f $B/sbs.started ]; then
     touch $B/sbs.started; $M doctor | head -3
   python3 -P - <<'EOF'
-from moeslots.engine import calibrate
+from moeslots.engine.machine import calibrate
 import os, re
 fc = open("/tmp/bench/fetch-costs.txt").read() if os.path.exists("/tmp/bench/fetch-costs.txt") else ""
 m = re.search(r"fetch_gbps ([0-9.]+) share_ms ([0-9.]+)", fc)

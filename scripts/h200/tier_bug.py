@@ -26,9 +26,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from exactness import run_script  # noqa: E402
 from specs import TINY_QWEN  # noqa: E402
 
-from moeslots.engine import native, native_tier, replay, synth  # noqa: E402
-from moeslots.engine.cache import SlotPlan  # noqa: E402
-from moeslots.engine.model import Context, LoadOptions, Model  # noqa: E402
+from moeslots.engine import synth  # noqa: E402
+from moeslots.engine.llm.model import Context, LoadOptions, Model  # noqa: E402
+from moeslots.engine.native import lib as native  # noqa: E402
+from moeslots.engine.native import replay  # noqa: E402
+from moeslots.engine.native import tier as native_tier  # noqa: E402
+from moeslots.engine.native.expert_cache import SlotPlan  # noqa: E402
 from moeslots.profiles.costs import CostModel  # noqa: E402
 
 EVEN = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moeslots.engine import replay
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.fetch_rates import decode_ms
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.native_tier import NativeTier
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.machine.fetch_rates import decode_ms
+from moeslots.engine.native import replay
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.tier import NativeTier
 from moeslots.profiles.costs import CostModel
 
 

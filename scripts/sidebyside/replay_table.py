@@ -102,7 +102,8 @@ class Facts:
 
 
 def model_facts(path: Path) -> Facts:
-    from moeslots.engine import discovery, ggufhead
+    from moeslots.engine.llm import ggufhead
+    from moeslots.engine.machine import discovery
 
     info = discovery.describe(discovery.Found(Path(path), "", Path(path).name))
     if info.error:
@@ -118,8 +119,8 @@ def model_facts(path: Path) -> Facts:
 def routing_rows(routing: str, facts: Facts, *, profile_rows: int, n_decode: int) -> tuple[np.ndarray, str]:
     """The decode rows [rows, columns, k] `bench repick --replay ROUTING` builds for this model (engine.replay:
     the trace mapped onto the model's experts, or its uniform rows), and their description."""
-    from moeslots.engine import replay
     from moeslots.engine.errors import EngineError
+    from moeslots.engine.native import replay
 
     try:
         if routing == "uniform":

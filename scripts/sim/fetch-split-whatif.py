@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moeslots.engine import replay
+from moeslots.engine.native import replay
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import FETCH, FETCH_SPLIT, Mechanism, core_and_tier, simulate_hybrid
 from moeslots.profiles.simulate import layer_counts

@@ -146,7 +146,7 @@ MIX = {"experts": 17, "rest": 7}        # llama_ftype: 17 = MOSTLY_Q5_K_M, 7 = M
 
 def write_mix(c: Config, f32: Path, tokenizer: Path, out: Path, name: str, threads: int | None = None) -> None:
     """Quantize f32 twice with the engine's quantizer and take each tensor from the file its role asks for."""
-    from moeslots.engine import native
+    from moeslots.engine.native import lib as native
 
     L = native.llama()
     parts = {}

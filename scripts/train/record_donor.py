@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 from corpus import read_docs
 
-from moeslots.engine import mtp as mtp_mod
-from moeslots.engine import record as record_mod
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.template import render_chat
+from moeslots.engine.llm import mtp as mtp_mod
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.llm.template import render_chat
+from moeslots.engine.runtime import record as record_mod
 from moeslots.profiles.trace import Trace, merge, read_csv, write_csv
 
 Q = re.compile(r"<\|user\|>\n(.*?)\n<\|assistant\|>\n(.*)", re.S)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from corpus import read_docs
 
-from moeslots.engine.record import record
+from moeslots.engine.runtime.record import record
 from moeslots.profiles.trace import merge, read_csv, write_csv
 
 Q = re.compile(r"<\|user\|>\n(.*?)\n<\|assistant\|>", re.S)

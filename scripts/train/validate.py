@@ -28,8 +28,8 @@ from corpus import read_docs
 from model import TOPOLOGIES, Config, GLM4MoE
 from tokenizers import Tokenizer
 
-from moeslots.engine import mtp as mtp_mod
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm import mtp as mtp_mod
+from moeslots.engine.llm.model import Context, LoadOptions, Model
 
 CODE_PROMPT = "def read_config(path):\n    \"\"\"Read a configuration file and return a dict.\"\"\"\n"
 CHAT_MESSAGES = [("user", "What does `os.path.join` do?")]
@@ -148,7 +148,7 @@ def check_quant(f32: Path, q: Path, seqs: list[list[int]], threads: int) -> dict
 
 def samples(q: Path, threads: int, n: int = 96) -> dict:
     from moeslots.engine.api import Message
-    from moeslots.engine.template import render_chat
+    from moeslots.engine.llm.template import render_chat
 
     m = Model(q, LoadOptions())
     out = {}

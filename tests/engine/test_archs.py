@@ -15,10 +15,10 @@ from exactness import _tokens, exactness
 from specs import TINY_DS2, TINY_Q35, TINY_Q35_MERGED
 
 from moeslots.engine import synth
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message
 from moeslots.engine.errors import EngineError, ModelError
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
 
 SPECS = {"qwen35moe": TINY_Q35, "qwen35moe-merged": TINY_Q35_MERGED, "deepseek2": TINY_DS2}
 
@@ -142,7 +142,7 @@ def test_five_turn_chat_mtp_on_and_off_same_text(arch_models: dict[str, Path], a
 def test_checkpoint_restore_is_exact(arch_models: dict[str, Path]) -> None:
     """Prompt A, checkpoint, reply tokens B (plus a pending draft rollback), restore, then C: the same logits, bit
     for bit, as A then C on a fresh context."""
-    from moeslots.engine import recurrent
+    from moeslots.engine.llm import recurrent
 
     with Model(arch_models["qwen35moe"]) as m:
         a, b, c = (_tokens(m.n_vocab, n, s) for n, s in ((30, 1), (12, 2), (9, 3)))
@@ -240,7 +240,7 @@ def test_experts_with_biases_are_refused(models_dir: Path) -> None:
 def test_llama4_is_refused_by_the_cache_and_still_runs_without_slots(models_dir: Path) -> None:
     """llama4 weights the experts' input by the router (before the FFN), which the two-chain split cannot keep exact:
     configure refuses it with one clear line (not a silent skip), and the model keeps decoding with no slots."""
-    from moeslots.engine.cache import ERR_UNSUPPORTED, CacheError
+    from moeslots.engine.native.expert_cache import ERR_UNSUPPORTED, CacheError
 
     # 4 layers: llama4's temperature-tuned layer is every 4th (fewer leave that graph input unused: stock asserts)
     spec = synth.SynthSpec(arch="llama4", n_layer=4, n_embd=64, n_head=2, n_head_kv=1, n_expert=8, n_expert_used=2,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_cache import NodeNames
 
-from moeslots.engine import cache
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import expert_cache as cache
+from moeslots.engine.native.expert_cache import SlotPlan
 
 
 @pytest.fixture(autouse=True)
@@ -75,9 +75,10 @@ def test_overlap_is_off_by_default() -> None:
     import subprocess
     import sys
 
-    from moeslots.engine.engine import EngineConfig
+    from moeslots.engine.runtime.engine import EngineConfig
 
-    r = subprocess.run([sys.executable, "-c", "from moeslots.engine import cache; print(cache.async_enabled())"],
+    code = "from moeslots.engine.native import expert_cache; print(expert_cache.async_enabled())"
+    r = subprocess.run([sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr[-1000:]
     assert EngineConfig(model=Path("x.gguf")).async_cpu is False

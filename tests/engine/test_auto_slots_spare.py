@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import slots as slots_mod
 from moeslots.engine.api import EngineConfig
-from moeslots.engine.engine import Engine
-from moeslots.engine.model import LoadOptions, Model
+from moeslots.engine.llm.model import LoadOptions, Model
+from moeslots.engine.runtime import slot_plans as slots_mod
+from moeslots.engine.runtime.engine import Engine
 
 
 def test_auto_counts_a_spare_slab_when_slots_move(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine import autocal, autocheck, calibrate
-from moeslots.engine.autocheck import AutoCheck
-from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
+from moeslots.engine.machine import autocal, calibrate
+from moeslots.engine.runtime import autocheck
+from moeslots.engine.runtime.autocheck import AutoCheck
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.profiles.policy import Decision, Scored
 from moeslots.profiles.trace import from_rows, write_csv
 
@@ -79,7 +80,7 @@ def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path,
 
 def _calibrated(cfg_home: Path, tiny_glm: Path) -> None:
     """A stored first-run calibration whose uploads are cheap (a tier wins) for tiny_glm at 2 threads, pageable."""
-    from moeslots.engine.model import inspect_gguf
+    from moeslots.engine.llm.model import inspect_gguf
 
     shape = autocal.shape_of(inspect_gguf(tiny_glm))
     calibrate.save(calibrate.Calibration(

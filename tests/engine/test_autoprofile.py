@@ -12,9 +12,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from moeslots.engine import autoprofile, bundled
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message
-from moeslots.engine.slots import plan_from_profile
+from moeslots.engine.machine import bundled
+from moeslots.engine.runtime import autoprofile
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
+from moeslots.engine.runtime.slot_plans import plan_from_profile
 from moeslots.profiles.plan import plan_from_counts
 from moeslots.profiles.trace import read_csv
 

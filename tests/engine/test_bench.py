@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine.bench import decode, mtp, repick
+from moeslots.engine.bench import decode
+from moeslots.engine.bench import drafts as mtp
+from moeslots.engine.bench import policies as repick
 
 
 def test_bench_rows(tiny_qwen: Path) -> None:
@@ -50,7 +52,7 @@ def test_bench_all_gpu_and_cpu_prompts(tiny_qwen: Path, monkeypatch: pytest.Monk
 def test_repick_bench_overlapped_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     from test_repick import stage_waits
 
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     stage_waits(monkeypatch)
 
@@ -62,7 +64,7 @@ def test_repick_bench_overlapped_copies(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_repick_bench_matches_the_simulator() -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     # an interval longer than the window too: the engine elects from the last `window` tokens, so must the sim
     logs: list[str] = []
@@ -82,7 +84,7 @@ def test_repick_bench_matches_the_simulator() -> None:
 
 
 def test_mtp_bench_times_each_phase() -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     rows = mtp.run_mtp(bundled.model(), [0, 8], [2], n_tokens=24, threads=2, pack_host=True, mtp_head="host",
                          prompt_text="What does `json.dumps` do?", log=lambda m: None)
@@ -96,9 +98,9 @@ def test_mtp_bench_times_each_phase() -> None:
 def test_restore_puts_the_plan_back(tiny_qwen: Path) -> None:
     """The re-pick bench reuses one pack per slot count: after a policy's swaps the initial plan comes back, by
     swaps, or by a reconfigure when an expert moved between slots."""
-    from moeslots.engine import cache
-    from moeslots.engine.cache import SlotPlan
-    from moeslots.engine.model import LoadOptions, Model
+    from moeslots.engine.llm.model import LoadOptions, Model
+    from moeslots.engine.native import expert_cache as cache
+    from moeslots.engine.native.expert_cache import SlotPlan
 
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
         plan0 = SlotPlan({0: (1, 2, 3), 1: (4, 5, 6)})
@@ -115,7 +117,7 @@ def test_restore_puts_the_plan_back(tiny_qwen: Path) -> None:
 def test_repick_bench_runs_live_auto_as_the_simulator_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """`bench repick --every auto`: the interval chosen from the profile rows, then again every `auto_every` tokens;
     the engine's hits equal the simulator's on the same schedule, and the switches are in the row."""
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
     from moeslots.profiles import repick as chooser
     from moeslots.profiles.costs import CostModel
 
@@ -151,7 +153,7 @@ def test_repick_bench_runs_live_auto_as_the_simulator_does(monkeypatch: pytest.M
 def test_repick_bench_profile_from_another_trace(tmp_path: Path) -> None:
     """`--profile-from`: the plan comes from another trace's rows (a profile that does not match the chat); the
     replayed routing is the same, so hits drop, and the row says which profile it used."""
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     kw = dict(n_decode=24, profile_rows=256, threads=2, pack_host=True, log=lambda m: None)
     chat, code = str(bundled.profile("chat")), str(bundled.profile("code"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import build, patchset
+from moeslots.engine.build import patchset
+from moeslots.engine.build import wheel as build
 
 
 def _series(tmp: Path, contents: dict[str, str]) -> Path:
@@ -161,6 +162,7 @@ def test_rebuild_with_nothing_changed_takes_seconds() -> None:
 def test_the_up_to_date_check_reads_the_installed_engine() -> None:
     """`engine build` trusts its install marker only when the installed library carries this checkout's patch id
     (a pip install over the engine leaves the marker behind)."""
-    from moeslots.engine import build, native
+    from moeslots.engine.build import wheel as build
+    from moeslots.engine.native import lib as native
 
     assert build._installed_patch_id() == native.expected_patch_id()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeslots.engine import bundled
 from moeslots.engine.api import Message
-from moeslots.engine.model import Context, LoadOptions, Model, inspect_gguf
-from moeslots.engine.template import render_chat
+from moeslots.engine.llm.model import Context, LoadOptions, Model, inspect_gguf
+from moeslots.engine.llm.template import render_chat
+from moeslots.engine.machine import bundled
 from moeslots.profiles.profile import from_trace
 from moeslots.profiles.trace import read_csv
 

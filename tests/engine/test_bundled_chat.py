@@ -5,11 +5,11 @@ the question made the model end every reply after one token)."""
 
 from __future__ import annotations
 
-from moeslots.engine import bundled
 from moeslots.engine.api import EngineConfig, Message
-from moeslots.engine.engine import Engine
-from moeslots.engine.ggufhead import read_header
-from moeslots.engine.template import render
+from moeslots.engine.llm.ggufhead import read_header
+from moeslots.engine.llm.template import render
+from moeslots.engine.machine import bundled
+from moeslots.engine.runtime.engine import Engine
 
 TRAINED = "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\nhello<|endoftext|>\n<|user|>\nand then?\n<|assistant|>\n"
 

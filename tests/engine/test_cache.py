@@ -14,9 +14,11 @@ from exactness import _tokens, assert_identical
 from exactness import exactness as _exactness
 from specs import KQ_GLM
 
-from moeslots.engine import cache, native, synth
-from moeslots.engine.cache import CacheError, SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine import synth
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import expert_cache as cache
+from moeslots.engine.native import lib as native
+from moeslots.engine.native.expert_cache import CacheError, SlotPlan
 
 
 class NodeNames:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import bundled, calibrate, fetch_rates
-from moeslots.engine.engine import Engine, EngineConfig
+from moeslots.engine.machine import bundled, calibrate, fetch_rates
+from moeslots.engine.runtime.engine import Engine, EngineConfig
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.repick import choose_repick
 from moeslots.profiles.trace import read_csv
@@ -105,7 +105,7 @@ def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: P
     """Prompt batches' experts that are not in slots are streamed to the GPU (op-offload) or computed on the CPU,
     whichever this machine's calibration timed faster for the memory the model is loaded in; llama.cpp's default
     (streamed) when nothing was measured, and the engine says which it took."""
-    from moeslots.engine.model import LoadOptions, Model
+    from moeslots.engine.llm.model import LoadOptions, Model
 
     with Model(bundled.model(), LoadOptions(experts_on_host=True, extra_bufts=False)) as m:
         logs: list[str] = []
@@ -136,7 +136,7 @@ def test_the_fetch_costs_are_measured_from_the_tiers_own_counts(tiny_glm: Path) 
     are memcpys): plain decodes at S and S/2 (fewer slots: more bytes copied, as the engine counts them), then S/2
     plain and with a CPU share that leaves the CPU nothing, taking turns (the same bytes copied, no CPU miss), then
     shares at this machine's costs, which must give the CPU misses (and copy less)."""
-    from moeslots.engine.model import LoadOptions, Model
+    from moeslots.engine.llm.model import LoadOptions, Model
 
     logs: list[str] = []
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
@@ -157,7 +157,7 @@ def test_the_fetch_costs_are_measured_from_the_tiers_own_counts(tiny_glm: Path) 
 def test_a_share_that_never_computes_is_not_measured(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If the shares at this machine's costs give the CPU nothing (the share not running), its cost is 0 (not
     measured) and one line says why, however the times came out."""
-    from moeslots.engine.model import LoadOptions, Model
+    from moeslots.engine.llm.model import LoadOptions, Model
 
     real = fetch_rates._tier_run
 
@@ -248,3 +248,20 @@ def test_cpu_rate_and_base_between_measured_thread_counts() -> None:
     assert c.cost_model(threads=6).base_ms == pytest.approx(12.75)
     assert c.cost_model(threads=16).cpu_gbps == 104.2 and c.cost_model(threads=32).cpu_gbps == 104.2
     assert c.cost_model().cpu_gbps == 104.2 and c.cost_model().base_ms == 12.0
+
+
+def test_the_cpu_rate_takes_each_slot_counts_median() -> None:
+    """Readings (ms/token, CPU picks/token) at S/2 and S slots, interleaved: one slow reading (the CPU's throughput
+    drifts over seconds) moves a rate taken from the last pair by 2x; the medians keep the rate the others agree on."""
+    from moeslots.engine.machine.calibrate import rate_from_readings
+
+    slab = 2.0                                              # MB per expert
+    lo = [(30.0, 200.0), (30.5, 200.0), (24.0, 200.0)]     # the last "lo" reading ran fast
+    hi = [(20.0, 100.0), (19.5, 100.0), (20.5, 100.0)]
+    gbps, base, how = rate_from_readings(lo, hi, slab, pack_host=False)
+    assert how == "split" and gbps == pytest.approx(100 * slab / (30.0 - 20.0))   # 20 GB/s, not 200 / 3.5 = 57
+    assert base == pytest.approx(20.0 - 100 * slab / gbps)
+    gbps, base, how = rate_from_readings([(30.0, 200.0)], [(29.5, 100.0)], slab, pack_host=False)
+    assert how.startswith("lower bound") and gbps == pytest.approx(200 * slab / 30.0) and base == 0.0
+    with pytest.raises(ValueError):
+        rate_from_readings([], hi, slab, pack_host=False)

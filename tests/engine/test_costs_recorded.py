@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine import calibrate, replay
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.native_tier import masks
+from moeslots.engine.machine import calibrate
+from moeslots.engine.native import replay
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, simulate_hybrid
 from moeslots.profiles.plan import plan_from_counts

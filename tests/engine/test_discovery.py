@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from ggufs import write_moe  # (tests/ is on sys.path)
 
-from moeslots.engine import discovery, ggufhead
-from moeslots.engine.hardware import GiB, Gpu
-from moeslots.engine.model import inspect_gguf
+from moeslots.engine.llm import ggufhead
+from moeslots.engine.llm.model import inspect_gguf
+from moeslots.engine.machine import discovery
+from moeslots.engine.machine.hardware import GiB, Gpu
 
 EXPERT_BYTES_PER_LAYER = 3 * 8 * 4 * 4 * 4       # up, gate, down: 8 experts of 4x4 f32
 
@@ -115,7 +116,7 @@ def test_a_big_vocabulary_header_is_read_fast(tmp_path: Path) -> None:
 def test_models_command_lists_them(layout: dict, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from moeslots import cli
-    from moeslots.engine import hardware
+    from moeslots.engine.machine import hardware
 
     monkeypatch.setenv("HF_HOME", layout["env"]["HF_HOME"])
     monkeypatch.setenv("HOME", str(layout["home"]))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.errors import EngineError
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message, TextDelta
 
 
 @pytest.fixture()
@@ -84,7 +84,7 @@ def test_a_failed_reconfigure_keeps_the_previous_plan(engine: Engine) -> None:
 
 
 def test_slots_from_a_recorded_profile(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.engine.record import record
+    from moeslots.engine.runtime.record import record
 
     prompt = tmp_path / "p.txt"
     prompt.write_text("def route(x): return x")
@@ -148,7 +148,7 @@ def test_recording_writes_the_turns_routing(engine: Engine, tmp_path: Path) -> N
 
 
 def test_record_then_apply_the_new_profile(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.engine.record import record
+    from moeslots.engine.runtime.record import record
 
     prompt = tmp_path / "p.txt"
     prompt.write_text("hello")

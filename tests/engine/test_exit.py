@@ -28,9 +28,9 @@ def _run(body: str, model: Path) -> subprocess.CompletedProcess:
 
 def test_open_model_context_and_mtp_with_slots_are_closed_at_exit(tiny_glm: Path) -> None:
     r = _run("""
-        from moeslots.engine.cache import SlotPlan
-        from moeslots.engine.model import Context, LoadOptions, Model
-        from moeslots.engine.mtp import MTP
+        from moeslots.engine.native.expert_cache import SlotPlan
+        from moeslots.engine.llm.model import Context, LoadOptions, Model
+        from moeslots.engine.llm.mtp import MTP
         m = Model(MODEL, LoadOptions(extra_bufts=False, load_mtp=True))
         m.set_slots(SlotPlan({il: (0, 1, 2) for il in m.facts.moe_layers}), pack_host=True)
         ctx = Context(m, n_ctx=128, threads=2)
@@ -47,7 +47,7 @@ def test_open_model_context_and_mtp_with_slots_are_closed_at_exit(tiny_glm: Path
 def test_an_engine_generating_on_another_thread_is_left_open_not_freed_under_it(tiny_glm: Path) -> None:
     r = _run("""
         import threading
-        from moeslots.engine.engine import Engine, EngineConfig
+        from moeslots.engine.runtime.engine import Engine, EngineConfig
         e = Engine(EngineConfig(model=MODEL, n_ctx=256, threads=2, pack_host=True, slots=0))
         e.state.busy.acquire()                       # a reply in progress on some other thread
         SEEN += [e.ctx, e.model]
@@ -59,7 +59,7 @@ def test_an_engine_generating_on_another_thread_is_left_open_not_freed_under_it(
 
 def test_an_idle_engine_is_closed_at_exit(tiny_glm: Path) -> None:
     r = _run("""
-        from moeslots.engine.engine import Engine, EngineConfig
+        from moeslots.engine.runtime.engine import Engine, EngineConfig
         e = Engine(EngineConfig(model=MODEL, n_ctx=256, threads=2, pack_host=True, slots=0))
         SEEN += [e.ctx, e.model] + ([e.mtp] if e.mtp else [])
         print("idle", flush=True)

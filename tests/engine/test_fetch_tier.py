@@ -16,11 +16,12 @@ import pytest
 from exactness import _tokens
 from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
 
-from moeslots.engine import native_tier, replay
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import CacheError, SlotPlan, swap
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.native_tier import masks
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import replay
+from moeslots.engine.native import routing_stats as stats_mod
+from moeslots.engine.native import tier as native_tier
+from moeslots.engine.native.expert_cache import CacheError, SlotPlan, swap
+from moeslots.engine.native.tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, Tier, simulate_hybrid
 

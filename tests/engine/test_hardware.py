@@ -8,8 +8,9 @@ from typing import Sequence
 
 import pytest
 
-from moeslots.engine import build, hardware
-from moeslots.engine.hardware import GiB, Gpu, Toolkit
+from moeslots.engine.build import wheel as build
+from moeslots.engine.machine import hardware
+from moeslots.engine.machine.hardware import GiB, Gpu, Toolkit
 
 H200 = Gpu("NVIDIA H200", "9.0", 143771, 142000)
 SMI_H200 = "NVIDIA H200, 9.0, 143771, 142000\n"
@@ -187,7 +188,7 @@ def test_pinned_when_ram_holds_the_experts_with_a_margin() -> None:
 
 
 def test_the_engine_loads_as_the_free_ram_says(tiny_glm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from moeslots.engine.engine import Engine, EngineConfig
+    from moeslots.engine.runtime.engine import Engine, EngineConfig
 
     for ram, mmap in ((64 * GiB, False), (2 * GiB, True)):
         monkeypatch.setattr(hardware, "mem_available", lambda: ram)

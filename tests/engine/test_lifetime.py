@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from exactness import _tokens, assert_identical
 
-from moeslots.engine import cache
-from moeslots.engine.cache import CacheError, SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import expert_cache as cache
+from moeslots.engine.native.expert_cache import CacheError, SlotPlan
 
 
 def _trunk(m: Model) -> list[int]:

@@ -10,10 +10,10 @@ import pytest
 from specs import TINY_GLM
 
 from moeslots.engine import synth
-from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.mtp import MTP, greedy_tokens
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.llm.mtp import MTP, greedy_tokens
+from moeslots.engine.native.expert_cache import SlotPlan
 
 PROMPT_TEXT = "The expert cache keeps a fixed set"
 
@@ -87,7 +87,7 @@ def test_sampled_mtp_keeps_the_target_distribution(tiny_glm: Path) -> None:
     most likely tokens), whatever the drafts were."""
     import numpy as np
 
-    from moeslots.engine.mtp import softmax
+    from moeslots.engine.llm.mtp import softmax
 
     with Model(tiny_glm, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=256, threads=2) as ctx:
         prompt = m.tokenize(PROMPT_TEXT)
@@ -123,7 +123,8 @@ def test_mtp_head_on_gpu_pattern_and_same_tokens() -> None:
     on the CPU build nothing moves, and greedy MTP decoding gives the same tokens either way."""
     import re
 
-    from moeslots.engine import bundled, native
+    from moeslots.engine.machine import bundled
+    from moeslots.engine.native import lib as native
 
     pat = re.compile(native.experts_pattern(keep_layer=7))
     assert not pat.search("blk.7.ffn_up_exps.weight") and not pat.search("blk.7.ffn_down_exps.weight")

@@ -9,8 +9,8 @@ import pytest
 from specs import TINY_GLM
 
 from moeslots.engine import synth
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message
-from moeslots.engine.mtp_auto import OFF, ON, PROBE
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
+from moeslots.engine.runtime.mtp_auto import OFF, ON, PROBE
 
 PROMPTS = ["The expert cache keeps a fixed set", "hello there", "def f(x):", "a b c d e f g"]
 

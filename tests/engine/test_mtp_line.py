@@ -12,7 +12,7 @@ import types
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moeslots.engine.mtp_auto import OFF, ON, PROBE, AdaptiveMTP
+from moeslots.engine.runtime.mtp_auto import OFF, ON, PROBE, AdaptiveMTP
 
 
 def _auto(state: str = ON, window: list[tuple[int, int]] | None = None, plain: float | None = None,

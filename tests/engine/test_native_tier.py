@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from exactness import _tokens, assert_identical, run_script
 
-from moeslots.engine import native_tier, replay
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import CacheError, SlotPlan, swap
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.native_tier import masks
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import replay
+from moeslots.engine.native import routing_stats as stats_mod
+from moeslots.engine.native import tier as native_tier
+from moeslots.engine.native.expert_cache import CacheError, SlotPlan, swap
+from moeslots.engine.native.tier import masks
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import NATIVE, NATIVE_GPU_PACK, Tier, simulate_hybrid
 
@@ -156,7 +157,7 @@ def test_a_tier_ended_while_a_graph_runs_leaves_consistent_maps(tiny_glm: Path) 
     (Checked: when the later route nodes of that graph still step, the next tokens' logits differ.)"""
     import ctypes
 
-    from moeslots.engine import native
+    from moeslots.engine.native import lib as native
 
     fire = {"on": False, "ptr": 0, "done": 0}
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine import calibrate, replay
-from moeslots.engine import stats as stats_mod
 from moeslots.engine.bench import tier as tier_bench
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
-from moeslots.engine.native_tier import masks
+from moeslots.engine.machine import calibrate
+from moeslots.engine.native import replay
+from moeslots.engine.native import routing_stats as stats_mod
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.tier import masks
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.hybrid import ENGINE, simulate_hybrid
 from moeslots.profiles.policy import Policy
@@ -216,7 +217,7 @@ def test_policy_and_repick_are_one_or_the_other(tiny_glm: Path) -> None:
 def test_repicks_take_over_from_what_the_tier_left(tiny_glm: Path) -> None:
     """F3 during a dynamic tier: the tier stops, and the engine's plan is what the cache holds then (every resident
     answers `swap` as already in its slot), so re-picks start from the real slots."""
-    from moeslots.engine import cache
+    from moeslots.engine.native import expert_cache as cache
 
     start = SlotPlan.uniform([1, 2], 6, 16)
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, max_tokens=40, mtp=False, policy="dynamic",

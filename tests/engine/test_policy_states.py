@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message, TextDelta
 
 START = SlotPlan.uniform([1, 2], 6, 16)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine.recent import RecentCounts, layer_views
-from moeslots.engine.stats import RoutingStats
+from moeslots.engine.native.routing_stats import RoutingStats
+from moeslots.engine.runtime.recent_routing import RecentCounts, layer_views
 
 L, E, K = 5, 16, 3
 
@@ -108,8 +108,8 @@ def test_layer_views() -> None:
 
 @pytest.mark.parametrize("ring_rows", [150, 4096])
 def test_engine_snapshot_counts_match_the_ring(tiny_glm: Path, ring_rows: int) -> None:
-    from moeslots.engine.cache import SlotPlan
-    from moeslots.engine.engine import Engine, EngineConfig, Message
+    from moeslots.engine.native.expert_cache import SlotPlan
+    from moeslots.engine.runtime.engine import Engine, EngineConfig, Message
 
     eng = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=24, mtp=True,
                               stats_ring=ring_rows))

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from specs import TINY_Q35
 
-from moeslots.engine import recurrent, synth
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
+from moeslots.engine import synth
 from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context
-from moeslots.engine.template import render
+from moeslots.engine.llm import recurrent
+from moeslots.engine.llm.model import Context
+from moeslots.engine.llm.template import render
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message, TextDelta
 
 # written for these tests in the shape of Qwen3.5/3.6's template: a tools check, whitespace control, history
 # without the generation prompt's <think> opener

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from test_cache import decode_steps
 
-from moeslots.engine import cache
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Engine, EngineConfig, Message, TextDelta
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import expert_cache as cache
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message, TextDelta
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.plan import elect
 
@@ -23,7 +23,7 @@ DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, ba
 @pytest.fixture(scope="module")
 def prof(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A routing profile of the tiny GLM (64 sampled decode tokens), recorded once for the auto tests."""
-    from moeslots.engine.record import record
+    from moeslots.engine.runtime.record import record
 
     d = tmp_path_factory.mktemp("prof")
     (d / "p.txt").write_text("hello")
@@ -316,7 +316,7 @@ def test_repick_auto_live_with_mtp(tiny_glm: Path, prof: Path, monkeypatch: pyte
 def test_live_auto_keeps_state_on_trouble(tiny_glm: Path, prof: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Live auto never ends a reply or overrides the user: a ring too short for the tokens to score, a cost model
     that raises (a calibration edited mid-chat), or F3 pressed while it decides."""
-    from moeslots.engine.engine import Done
+    from moeslots.engine.runtime.engine import Done
     from moeslots.profiles import repick
 
     def engine(**kw: object) -> Engine:

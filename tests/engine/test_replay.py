@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine import replay
-from moeslots.engine.cache import SlotPlan
 from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context, LoadOptions, Model
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import replay
+from moeslots.engine.native.expert_cache import SlotPlan
 
 
 def _decode(ctx: Context, toks: list[int]) -> list[np.ndarray]:
@@ -82,7 +82,7 @@ def test_a_freed_context_leaves_no_stats_or_replay_behind(tiny_qwen: Path) -> No
     """Stats and replay tables are keyed by the context's address; a later context at the same address (malloc
     reuses it at once) must start clean. It used to inherit them: a replay table of a 64-expert model then fed
     ids out of range to a 32-expert model's get_rows (an abort that depended on test order)."""
-    from moeslots.engine import stats
+    from moeslots.engine.native import routing_stats as stats
 
     toks = list(range(30, 42))
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from moeslots.engine.api import Sampling
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.errors import EngineError
-from moeslots.engine.mtp import NUCLEUS_FIRST, nucleus, sample, softmax
+from moeslots.engine.llm.mtp import NUCLEUS_FIRST, nucleus, sample, softmax
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message, TextDelta
 
 
 def _ref_nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
@@ -88,8 +88,8 @@ def test_per_reply_sampling_in_the_engine(engine: Engine) -> None:
 
 
 def test_sampled_mtp_with_top_p_draws_only_from_the_nucleus(tiny_glm: Path) -> None:
-    from moeslots.engine.model import Context, LoadOptions, Model
-    from moeslots.engine.mtp import MTP
+    from moeslots.engine.llm.model import Context, LoadOptions, Model
+    from moeslots.engine.llm.mtp import MTP
 
     with Model(tiny_glm, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=128, threads=2) as ctx:
         prompt = m.tokenize("The expert cache")

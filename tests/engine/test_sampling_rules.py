@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from moeslots.engine.api import Sampling
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message
-from moeslots.engine.mtp import cut, penalised, probs, sample, softmax
+from moeslots.engine.llm.mtp import cut, penalised, probs, sample, softmax
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
 
 
 def _old_sample(logits: np.ndarray, temperature: float, rng: np.random.Generator, top_p: float = 1.0) -> int:
@@ -172,7 +172,7 @@ QUESTION = [Message("user", "sample something")]
 
 def _chat(e: Engine, s: Sampling | None) -> tuple[list[int], Done]:
     """(the engine's tokens after the reply: prompt, reply, with MTP maybe a few decoded past its end; Done); a
-    chat's max tokens passed as the app passes them (tui/chatflow.py generate(): only when set)."""
+    chat's max tokens passed as the app passes them (tui/chatpane.py: only when set)."""
     e.new_chat()
     limit = {"max_tokens": s.max_tokens} if s is not None and s.max_tokens else {}
     done = list(e.chat(QUESTION, sampling=s, **limit))[-1]
@@ -237,8 +237,8 @@ def test_mtp_steps_draw_under_the_rules_the_sampler_told_them(tiny_glm: Path) ->
     """The engine's sampler hands the reply's rules to the draft context (sample(..., mtp=)): a speculative step's
     token after x then follows probs() of the target's logits under them (penalty and top-k 3 here), never a token
     they cut; a plain greedy run (greedy_tokens) drops them again."""
-    from moeslots.engine.model import Context, LoadOptions, Model
-    from moeslots.engine.mtp import MTP, greedy_tokens
+    from moeslots.engine.llm.model import Context, LoadOptions, Model
+    from moeslots.engine.llm.mtp import MTP, greedy_tokens
 
     with Model(tiny_glm, LoadOptions(load_mtp=True)) as m, Context(m, n_ctx=128, threads=2) as ctx:
         prompt = m.tokenize("The expert cache")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeslots.engine.engine import Engine, EngineConfig
+from moeslots.engine.runtime.engine import Engine, EngineConfig
 from moeslots.profiles.trace import from_rows, write_csv
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine import native
-from moeslots.engine import stats as stats_mod
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.trace import RouterTracer
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.native import lib as native
+from moeslots.engine.native import routing_stats as stats_mod
+from moeslots.engine.native.evaltrace import RouterTracer
+from moeslots.engine.native.expert_cache import SlotPlan
 
 
 def _run(m: Model, ctx: Context, prompt: list[int], steps: list[int]) -> None:
@@ -75,7 +75,7 @@ def test_prompt_rows_are_negative_in_the_ring(tiny_qwen: Path) -> None:
         assert pos == [-4, -3, -2, -1]                 # positions 0..3 as -pos-1
         ctx.reset()
         ctx.read_stats()
-        from moeslots.engine import stats
+        from moeslots.engine.native import routing_stats as stats
 
         stats.reset(ctx.ptr)
         assert ctx.read_stats().picks_prompt.sum() == 0 and len(ctx.read_stats().ring) == 0
@@ -153,7 +153,7 @@ def test_warm_up_graphs_do_not_fill_the_ring(tiny_qwen: Path) -> None:
     on a partly resident layer (the host chain's flat ids) as on the others; the next decode writes one row per MoE
     layer and token, k ids each. (Checked: counting the flat ids with the model's k turned the warm-up row into
     n_expert / k misgrouped ring rows.)"""
-    from moeslots.engine import native
+    from moeslots.engine.native import lib as native
 
     with Model(tiny_qwen, LoadOptions(extra_bufts=False)) as m:
         f = m.facts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeslots.engine.threads import app_threads, physical_cores
+from moeslots.engine.machine.threads import app_threads, physical_cores
 
 
 def _sysfs(root: Path, topo: list[tuple[int, int]]) -> Path:

@@ -17,11 +17,11 @@ from typing import Callable
 
 import pytest
 
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message, TextDelta
 from moeslots.engine.errors import ClosedError, EngineError
-from moeslots.engine.model import Context, LoadOptions, Model
-from moeslots.engine.mtp import MTP
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.llm.mtp import MTP
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message, TextDelta
 
 MODEL_CLOSED = "the model is closed"
 CONTEXT_CLOSED = "the context is closed"

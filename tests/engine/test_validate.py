@@ -1,5 +1,5 @@
 """GGUF header values that used to stop the process inside llama.cpp (GGML_ASSERT/GGML_ABORT: exit 134, a division
-by zero, a hang) are refused before llama.cpp sees the file, with one line naming the key (engine/validate.py). Each
+by zero, a hang) are refused before llama.cpp sees the file, with one line naming the key (engine/llm/validate.py). Each
 load runs in a subprocess (tests/probe_load.py): on the old code these die instead of printing an error."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ggufs
 import pytest
 from probe_load import run as probe
 
-from moeslots.engine import ggufhead, validate
+from moeslots.engine.llm import ggufhead, validate
 
 # (model fixture, key, bad value, what the one line says); the comment: what llama.cpp did with it
 CASES = [
@@ -80,7 +80,7 @@ def test_a_damaged_architecture_string_is_one_line(tiny_glm: Path, tmp_path: Pat
 
 
 def test_valid_models_have_no_problems(tiny_glm: Path, tiny_qwen: Path, tiny_ds2: Path, tiny_q35: Path) -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     for p in (tiny_glm, tiny_qwen, tiny_ds2, tiny_q35, bundled.model()):
         assert validate.problems(ggufhead.read_header(p)) == [], p
@@ -98,7 +98,7 @@ def test_a_split_model_is_checked_across_its_shards() -> None:
 
 
 def test_models_lists_a_bad_file_with_its_reason(tiny_glm: Path, tmp_path: Path) -> None:
-    from moeslots.engine import discovery
+    from moeslots.engine.machine import discovery
 
     bad = ggufs.write_with(tiny_glm, tmp_path / "bad.gguf", ggufs.find_slot(tiny_glm, "glm4moe.expert_count"), 4112)
     info = discovery.describe(discovery.Found(bad, "dir", bad.name))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Engine, EngineConfig, Message
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message
 
 
 def test_the_what_if_line_is_for_the_slots_in_force(tiny_glm: Path) -> None:

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from specs import TINY_GLM
 
-from moeslots.engine import ggufhead, recurrent, synth, window
-from moeslots.engine.engine import Done, Engine, EngineConfig, Message
+from moeslots.engine import synth
 from moeslots.engine.errors import EngineError
-from moeslots.engine.model import Context
+from moeslots.engine.llm import ggufhead, recurrent
+from moeslots.engine.llm.model import Context
+from moeslots.engine.runtime import window
+from moeslots.engine.runtime.engine import Done, Engine, EngineConfig, Message
 
 N_CTX = 256
 MAX_TOKENS = 16                      # the reply's room: min(16, 256 // 4)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine.cache import SlotPlan
-from moeslots.engine.engine import Engine, EngineConfig, Message, Snapshot, TextDelta
-from moeslots.engine.stats import RoutingStats
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.routing_stats import RoutingStats
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message, Snapshot, TextDelta
 
 TRUNK, K, N_EXPERT = [1, 2], 4, 16        # tiny_glm: MoE layers 1 and 2 (3: the NextN block), 4 of 16 experts
 
@@ -119,8 +119,8 @@ def test_the_window_counts_trunk_rows_since_its_mark_and_survives_a_stats_reset(
     """Window on synthetic counters: only the trunk's MoE layers count (not the NextN block's picks), per decoded
     row; the ring rows it simulates are the window's decode rows of the trunk; counters below the baseline (a stats
     reset) start it again from zero rather than go negative."""
-    from moeslots.engine.model import inspect_gguf
-    from moeslots.engine.window_stats import SLOTS, Window
+    from moeslots.engine.llm.model import inspect_gguf
+    from moeslots.engine.runtime.window_stats import SLOTS, Window
 
     w = Window(inspect_gguf(tiny_glm), 4)
     assert w.trunk == (1, 2)

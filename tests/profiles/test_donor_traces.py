@@ -60,7 +60,7 @@ def test_routing_is_not_uniform(traces: dict[tuple[str, str], Trace], w: str, m:
 
 
 def test_replayable_by_the_benchmarks() -> None:
-    from moeslots.engine import replay
+    from moeslots.engine.native import replay
 
     tab = replay.from_trace(DATA / f"{PREFIX}-chat-sampled.npz", 128, 8)
     assert tab.ids.shape[1:] == (48, 8) and tab.n_rows >= 4000 and "128 experts mapped onto 128" in tab.source

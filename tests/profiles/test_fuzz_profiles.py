@@ -16,7 +16,7 @@ from probe_load import run as probe
 
 @pytest.fixture(scope="module")
 def recorded(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from moeslots.engine.record import record
+    from moeslots.engine.runtime.record import record
 
     d = tmp_path_factory.mktemp("fuzzprof")
     (d / "p.txt").write_text("def route(x):\n    return x")

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from moeslots.engine.engine import Engine, EngineConfig, Message
 from moeslots.engine.errors import EngineError
+from moeslots.engine.runtime.engine import Engine, EngineConfig, Message
 from moeslots.profiles.trace import from_rows, write_csv
 
 GOOD = "# arch=glm4moe n_layer=4 n_expert=16 k=4 model=good tokens=1\npos,layer,id0,id1,id2,id3\n0,1,1,2,3,4\n"
@@ -75,8 +75,8 @@ def test_an_interrupt_before_the_first_decode_token_keeps_the_old_profile(tiny_g
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The prompt is read (its rows recorded), then Ctrl-C before a token: the old code replaced a good profile with
     that prompt-only trace."""
-    from moeslots.engine import model as model_mod
-    from moeslots.engine.record import RecordInterrupted, record
+    from moeslots.engine.llm import model as model_mod
+    from moeslots.engine.runtime.record import RecordInterrupted, record
 
     out = tmp_path / "prof.csv"
     out.write_text(GOOD)

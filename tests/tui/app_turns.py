@@ -25,7 +25,7 @@ def say(obj: Any) -> None:
 
 
 async def run(a: argparse.Namespace) -> None:
-    from moeslots.engine.engine import Engine, EngineConfig, TextDelta
+    from moeslots.engine.runtime.engine import Engine, EngineConfig, TextDelta
     from moeslots.tui.app import MoeslotsApp, Prompt
     from moeslots.tui.store import Store
     from moeslots.tui.widgets.chat import ChatMessage

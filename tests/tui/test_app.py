@@ -155,7 +155,7 @@ async def test_keys_are_rebindable(store: Store) -> None:
 
 
 async def test_real_engine_chat(tiny_glm: Path, store: Store) -> None:
-    from moeslots.engine.engine import Engine, EngineConfig
+    from moeslots.engine.runtime.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=16))
     app = MoeslotsApp(eng, store=store, model_name=tiny_glm.name)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pilot import wait_until  # noqa: I001  (tests/ is on sys.path)
 
-from moeslots.engine.cache import SlotPlan
+from moeslots.engine.native.expert_cache import SlotPlan
 from moeslots.tui.app import MoeslotsApp, Prompt
 from moeslots.tui.store import Store
 from moeslots.tui.widgets.heatmap import SlotHeatmap
@@ -42,7 +42,7 @@ def _cpu(app: MoeslotsApp) -> float:
 
 
 async def test_the_inspector_states_the_window_and_its_figures_agree(tiny_glm: Path, store: Store) -> None:
-    from moeslots.engine.engine import Engine, EngineConfig
+    from moeslots.engine.runtime.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model=tiny_glm, n_ctx=512, threads=2, pack_host=True, max_tokens=24, mtp=True,
                               mtp_auto=False, slots=SlotPlan.uniform(TRUNK, 6, N_EXPERT)))

@@ -75,7 +75,7 @@ def _check_history(db: Path, done: list[dict]) -> list[tuple[str, str]]:
 
 @pytest.mark.slow
 async def test_killed_mid_reply_keeps_every_finished_turn(tmp_path: Path) -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     model = bundled.model()
     db = tmp_path / "chats.sqlite"
@@ -97,7 +97,7 @@ async def test_killed_mid_reply_keeps_every_finished_turn(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_killed_at_a_random_moment_keeps_every_finished_turn(tmp_path: Path) -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     rng = random.Random(21)
     for k in range(2):

@@ -14,7 +14,7 @@ from ggufs import write_moe  # noqa: I001  (tests/ is on sys.path)
 from pilot import wait_until
 from textual.widgets import DataTable
 
-from moeslots.engine import hardware
+from moeslots.engine.machine import hardware
 from moeslots.tui.app import MoeslotsApp
 from moeslots.tui.screens.models import ModelsScreen, Switching
 from moeslots.tui.store import Store

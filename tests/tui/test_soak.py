@@ -71,8 +71,8 @@ async def settle(app: MoeslotsApp, pilot: Any, timeout: float = 60.0) -> None:
 
 @pytest.mark.slow
 async def test_soak_the_app(tmp_path: Path) -> None:
-    from moeslots.engine import bundled
-    from moeslots.engine.engine import Engine, EngineConfig
+    from moeslots.engine.machine import bundled
+    from moeslots.engine.runtime.engine import Engine, EngineConfig
 
     rng = random.Random(24)
     eng = Engine(EngineConfig(model=bundled.model(), profile=bundled.profile("merged"), slots=16, pack_host=True,

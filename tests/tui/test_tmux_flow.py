@@ -60,7 +60,7 @@ def _quit(session: str) -> None:
 
 
 def test_a_users_session(tmp_path: Path, tiny_glm: Path) -> None:
-    from moeslots.engine import bundled
+    from moeslots.engine.machine import bundled
 
     home, cwd = tmp_path / "home", tmp_path / "work"
     cwd.mkdir(parents=True)

@@ -18,9 +18,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
-from ...engine import discovery
 from ...engine.api import Snapshot
 from ...engine.errors import EngineError
+from ...engine.machine import discovery
 
 Scan = Callable[[], discovery.Survey]
 

@@ -1,0 +1,1 @@
+"""Building the engine: llama-cpp-python's sdist, the patch series (engine/patches), the wheel."""
