@@ -166,3 +166,25 @@ def test_the_up_to_date_check_reads_the_installed_engine() -> None:
     from moeslots.engine.native import lib as native
 
     assert build._installed_patch_id() == native.expected_patch_id()
+
+
+def test_the_series_applies_in_order_to_the_pinned_sdist(tmp_path: Path) -> None:
+    """Every patch of engine/patches applies, in file-name order and each on the ones before it, to the files it
+    touches in llama-cpp-python's sdist (sha256 checked; the cached one, or downloaded as the engine build does)."""
+    import tarfile
+
+    from moeslots.engine.build import source
+
+    files = build.patch_files()
+    touched = {line[6:].split("\t")[0] for f in files for line in f.read_text().splitlines()
+               if line.startswith(("--- a/", "+++ b/"))}
+    root = source.SDIST_NAME.removesuffix(".tar.gz")
+    with tarfile.open(source.fetch_sdist(build.cache_root(), log=lambda _: None)) as tf:
+        members = [m for m in tf.getmembers() if m.name.removeprefix(root + "/") in touched]
+        assert members, "the sdist holds none of the files the series patches"
+        tf.extractall(tmp_path, members=members, filter="data")
+    tree = tmp_path / root
+    for i, f in enumerate(files):
+        patchset.apply_patches(tree, [f])                  # raises PatchError naming the patch and its hunk
+        assert f.name.startswith(f"{i + 1:04d}-"), f"{f.name}: the series is numbered 0001, 0002, ... in order"
+    assert (tree / "vendor/llama.cpp/include/llama-moeslots.h").exists()
