@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# moeslots beside llama.cpp b11549's own expert cache on the H200 box (docs/performance.md, "Beside llama.cpp's own
+# moeslots beside llama.cpp b11549's own expert cache on the H200 box (docs/measurements.md, "Beside llama.cpp's own
 # expert cache"): the CUDA engine built from .export/ and llama.cpp's llama-bench from .llb/llamacpp-b11549.tar.xz
 # (scripts/sidebyside/prepare.sh makes it), the 30B-A3B-shape qwen3moe written, this box's costs for the tier, then
 # scripts/sidebyside/run.sh over pinned/mmap x 16/6 threads x routings at 32 and 64 slots (25 % and 50 % of the
