@@ -50,7 +50,7 @@ def test_package_code_imports_its_own_modules_relatively() -> None:
 
 
 def test_no_module_is_over_about_400_lines() -> None:
-    """A module does one job: past ~400 lines it is doing two (issue 23 split engine.py, cli.py, bench.py, build.py,
+    """A module does one job: past ~400 lines it is doing two (the split of engine.py, cli.py, bench.py, build.py,
     simulate.py and app.py by job). Split by job rather than raise this."""
     long = [f"{f.relative_to(ROOT)}: {n}" for d in PACKAGES.values() for f in sorted(d.rglob("*.py"))
             if (n := len(f.read_text(encoding="utf-8").splitlines())) > 420]

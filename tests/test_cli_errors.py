@@ -1,4 +1,4 @@
-"""Every CLI error path is one line on stderr and exit 2 (issue 21): profile show --against a larger profile, a
+"""Every CLI error path is one line on stderr and exit 2: profile show --against a larger profile, a
 full disk or a folder as -o, negative --slots; `moeslots record` saves what it recorded on SIGTERM and SIGHUP as on
 Ctrl-C."""
 

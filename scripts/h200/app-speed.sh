@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The app against the engine alone on the H200 box (issue 24): `moeslots bench app` (the real app driven headless,
+# The app against the engine alone on the H200 box: `moeslots bench app` (the real app driven headless,
 # 160x48, beside the same Engine without it: same model, slots, threads, MTP setting) on the big synthetic glm4moe +
 # NextN of common.sh ($G: 48 layers, 128 experts, 8 used, Q4_K), 64 slots per layer, MTP off, on (adaptive: drafting
 # goes off below the measured break-even) and always, at the app's default threads (physical cores minus one) and at

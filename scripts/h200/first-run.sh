@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First run on the H200 box (issue 25), without internet. From the repository root:
+# First run on the H200 box, without internet. From the repository root:
 #
 #   bash scripts/h200/first-run.sh SOURCE_DIR MODEL.gguf [N_TOKENS]
 #
@@ -15,7 +15,7 @@
 #  2. `moeslots doctor` on it (no "CPU-only" warning expected);
 #  3. scripts/firstrun.py: the no-profile chat path headless (slots planned from the first prompt, profile saved)
 #     against the next session, which must start with the saved profile, and a no-slots reference; decode tok/s of
-#     each on the model's own greedy text, and the ratio issue 25 asks to be >= 0.90.
+#     each on the model's own greedy text, and their ratio (expected >= 0.90).
 #
 # moeslots must be importable by python3; when it is not, it is installed from this checkout into $SITE
 # (default /tmp/site), its dependencies from the wheels in $WHEELS (a folder, for a machine without internet).

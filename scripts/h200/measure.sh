@@ -14,12 +14,12 @@
 # live (live --repick auto, matched and mismatched profiles, 1,024 tokens), long (re-pick 100/500 over 1,024
 # tokens, pinned), overlap (re-pick copies overlapping decode, pageable and pinned), calib (this machine's costs).
 # Model: the 30B-A3B-shape glm4moe + NextN of common.sh ($G); routing replayed from the bundled model's traces.
-# Engine v2 (issue 18): op (scripts/h200/mmid-op.sh: MUL_MAT_ID with negative ids over CUDA), v2 (the 30B-A3B-shape
+# Engine v2: op (scripts/h200/mmid-op.sh: MUL_MAT_ID with negative ids over CUDA), v2 (the 30B-A3B-shape
 # qwen3moe of the side-by-side table in shared/h200-box.md: prompt 512 at 50 % with host experts streamed or on the
 # CPU, mmap and pinned; full residency with stats on/off against every expert on the GPU; decode at 25/50/75 % under
 # uniform routing), v2mtp (MTP verify batches of 2-8 tokens through the cache), timing (where a decode token's time
 # goes: the scheduler's clock, patch 0006).
-# Routing donor (issue 19): DONOR_MIN=M trains scripts/train/donor.sh's donor on CUDA for M minutes in the background
+# Routing donor: DONOR_MIN=M trains scripts/train/donor.sh's donor on CUDA for M minutes in the background
 # from the start (beside the engine build; DONOR_FROM=DIR: an earlier donor's corpus.tar.xz and tokenizer.json); step donor exports it, checks its GGUF routes as PyTorch does and records
 # its six traces (in bench.tgz: donor/); donorbench replays them on the 30B-A3B shape (static, re-pick, hybrid,
 # dynamic; pinned and mmap; 16 and 6 threads).

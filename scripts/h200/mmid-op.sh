@@ -1,5 +1,5 @@
 #!/bin/bash
-# MUL_MAT_ID with negative expert ids over the CUDA backend (issue 18, item 1): the op test CI runs on the CPU
+# MUL_MAT_ID with negative expert ids over the CUDA backend: the op test CI runs on the CPU
 # (tests/engine/mmid_op.cpp, tests/engine/test_mmid_op.py), built against the installed CUDA engine and run on CUDA0.
 # Every type (f32 f16 bf16 q8_0 q4_K q5_K q6_K mxfp4) x batches 1..512 x valid / mixed / all-negative rows, plain and
 # gate/up/swiglu (fused into one MMVQ/MMVF kernel for one token), b with one row per token and one per slot, so MMVQ,

@@ -14,7 +14,7 @@ Three domains, each written as NUL-separated documents to <out>/{train,heldout}/
          "Explain <topic>." -> the help topic; "Write `func` from `mod`." -> its source in a ```python fence
          (functions of <= 1,200 characters); a third of the turns start with a short system message.
 
-With --more (the routing donor's corpus, issue 19): manual pages and /usr/share/doc texts as more prose, and
+With --more (the routing donor's corpus): manual pages and /usr/share/doc texts as more prose, and
 command questions as more chat (corpus_more.py); one man page in MORE_EVERY (by hash) is taken.
 
 One document in 50 (by a hash of its source path or key, so the split is stable) goes to heldout/.

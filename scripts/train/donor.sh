@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The routing donor of issue 19, end to end: corpus (+ man pages and package docs) -> tokenizer -> train the
+# The routing donor, end to end: corpus (+ man pages and package docs) -> tokenizer -> train the
 # Qwen3-30B-A3B expert topology (48 MoE blocks x 128 experts, 8 used, softmax router, normalised top-k; narrow
 # trunk; NextN head) -> export glm4moe GGUF (F32) -> check that the GGUF routes as PyTorch does -> record traces.
 # Fixed seed 0; each stage is skipped when its output exists and training resumes from WORK/ckpt.pt, so the

@@ -1,4 +1,4 @@
-"""The routing analysis of docs/profiles.md (issue 19) on the routing donor's traces: locality, skew, hit-rate curves
+"""The routing analysis of docs/profiles.md on the routing donor's traces: locality, skew, hit-rate curves
 of the residency policies, workload overlap. Markdown on stdout.
 
     .venv/bin/python scripts/train/donor_analysis.py [PREFIX] [--slots 13,32,64,96] [--quick]

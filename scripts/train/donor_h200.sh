@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The routing donor's traces (issue 19) replayed through the engine on the H200 box: the 30B-A3B-shape synthetic
+# The routing donor's traces replayed through the engine on the H200 box: the 30B-A3B-shape synthetic
 # glm4moe + NextN of scripts/h200/common.sh ($G: 48 layers x 128 experts, 8 used, Q4_K) routed as the donor routed,
 # static vs re-pick vs hybrid at 10/25/50/75 % slots, plans out of sample (the plan from the greedy trace, the
 # replayed rows from the sampled one), beside the simulator; then decode tok/s per slot count.

@@ -1,6 +1,6 @@
 """The bundled model in PyTorch: exactly llama.cpp's `glm4moe` forward (src/models/glm4-moe.cpp of the vendored
 llama.cpp), plus its NextN (MTP) block. A *topology* (TOPOLOGIES, `train.py --topology`) picks the shape and the
-router: `tiny-glm4moe` is the bundled model; `qwen3-30b-a3b` is the routing donor of issue 19 (Qwen3-30B-A3B's expert
+router: `tiny-glm4moe` is the bundled model; `qwen3-30b-a3b` is the routing donor (Qwen3-30B-A3B's expert
 topology: 48 MoE blocks, 128 experts, 8 used, softmax router with normalised top-k, no shared expert, QK-norm and no
 Q/K/V bias, balanced by an auxiliary loss; a narrow trunk), still written as glm4moe, whose llama.cpp forward reads
 the gating function from the GGUF, takes optional Q/K norms and biases, and carries the NextN block.

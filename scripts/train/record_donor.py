@@ -1,4 +1,4 @@
-"""Record the routing donor's traces (issue 19) with moeslots' own recorder, and its MTP acceptance on the same prompts.
+"""Record the routing donor's traces with moeslots' own recorder, and its MTP acceptance on the same prompts.
 
     python scripts/train/record_donor.py DONOR.gguf CORPUS_DIR OUT_DIR [--tokens 4000] [--threads N]
 

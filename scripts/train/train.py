@@ -1,7 +1,7 @@
 """Train the bundled model: next-token + next-next-token (NextN) loss, time-budgeted and resumable.
 
 `--topology` picks the shape (model.TOPOLOGIES): the bundled `tiny-glm4moe` (default) or the routing donor
-`qwen3-30b-a3b` (issue 19). `--device` picks where it trains: `auto` is CUDA when torch sees a GPU (bf16 autocast),
+`qwen3-30b-a3b`. `--device` picks where it trains: `auto` is CUDA when torch sees a GPU (bf16 autocast),
 else the CPU (float32; `--threads` sets torch's thread count: on a busy shared box 1 thread beats 2 busy-waiting
 OpenMP threads by ~5x). The routing donor, one command per machine (fixed seed 0):
 

@@ -1,4 +1,4 @@
-"""Lifetime and threads of the expert cache (issue 18, item 3): the cache dies with its model, a slot rewrite never
+"""Lifetime and threads of the expert cache: the cache dies with its model, a slot rewrite never
 finds a freed context, a stage racing a reconfigure or clear never writes into a freed pack, and every case leaves
 the logits bit-identical to stock."""
 

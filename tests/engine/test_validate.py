@@ -52,7 +52,7 @@ def test_a_bad_header_value_is_one_line_not_an_abort(request: pytest.FixtureRequ
 
 
 def test_the_issue_cases_through_the_cli(tiny_glm: Path, tmp_path: Path) -> None:
-    """issue 21: expert_used_count 6 -> 100, expert_count 16 -> 4112, nextn_predict_layers 1 -> 200 ended in exit 134
+    """expert_used_count 6 -> 100, expert_count 16 -> 4112, nextn_predict_layers 1 -> 200 ended in exit 134
     and a backtrace; now one line, exit 2."""
     for key, value in (("expert_used_count", 100), ("expert_count", 4112), ("nextn_predict_layers", 200)):
         bad = ggufs.write_with(tiny_glm, tmp_path / f"{key}.gguf", ggufs.find_slot(tiny_glm, f"glm4moe.{key}"), value)

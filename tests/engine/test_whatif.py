@@ -1,4 +1,4 @@
-"""The what-if line follows the slots in force: after a slot change it is the new plan's, at once (issue 22: it kept
+"""The what-if line follows the slots in force: after a slot change it is the new plan's, at once (it once kept
 the old slot count until the next reply)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The routing donor's traces kept in profiles/data/ (issue 19): code and chat greedy and sampled, prose greedy (the
+"""The routing donor's traces kept in profiles/data/: code and chat greedy and sampled, prose greedy (the
 sixth, prose sampled, is still to record from this donor), each >= 4,000 decode tokens at Qwen3-30B-A3B's expert
 topology (48 MoE layers x 128 experts, 8 used), with the facts they claim, small enough for the repository, and
 readable as the benchmarks' replay tables."""

@@ -1,4 +1,4 @@
-"""A profile is never lost or silently misapplied (issue 21): the shape check works in both directions, a profile
+"""A profile is never lost or silently misapplied: the shape check works in both directions, a profile
 without decode rows is said, an interrupt before the first decode token or an empty Ctrl+R keeps the old file, and
 written files follow the umask."""
 

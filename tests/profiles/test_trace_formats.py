@@ -1,4 +1,4 @@
-"""Trace files in every form the reader accepts (issue 19): CSV, CSV compressed (.gz, .xz), binary (.npz); the same
+"""Trace files in every form the reader accepts: CSV, CSV compressed (.gz, .xz), binary (.npz); the same
 rows and facts from each, one-line TraceErrors for damaged files, and the one-call CSV parser agreeing with the
 line-by-line one."""
 

@@ -1,5 +1,5 @@
 """token_matrix keeps every decode token of a merged recording: a short reply followed by a shorter prompt puts the
-next turn's positions within max_step of the last ones; the prompt rows between them start a new turn (issue 19: the
+next turn's positions within max_step of the last ones; the prompt rows between them start a new turn (the
 donor's sampled traces lost 13 of 4,033 tokens before)."""
 
 from __future__ import annotations

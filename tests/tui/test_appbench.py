@@ -1,6 +1,6 @@
 """`moeslots bench app` on the bundled model: the app decodes at least FLOOR of the engine alone's speed, with the
-same text. Before issue 24 the app ran the bundled model at 37 % (MTP off) and 49 % (MTP on) of the engine on a
-2-core box, 66-70 % even with a core left to it; now 91-103 % (docs/performance.md). The floor is far below
+same text. Before the streaming rework the app ran the bundled model at 37 % (MTP off) and 49 % (MTP on) of the
+engine on a 2-core box, 66-70 % even with a core left to it; now 91-103 % (docs/measurements.md). The floor is far below
 today's figures so a loaded CI runner does not flake it, and above anything the old app reached."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Issue 22, the chat: what a new user tripped over (prompts merging after Esc, Enter refused while stopping, text
 lost after `<?`, doctest lines as quotes, the chat no longer following the reply, Ctrl+E/Ctrl+Y dead in the prompt
 box) and what oterm/elia users expect (regenerate, edit the last question, copy code blocks, a welcome text).
-Each test failed on the code before issue 22 (run against it: see the commit message)."""
+Each test failed on the code before the fix (see the commit message)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Issue 22, the inspector: the heatmap fits 256 slots x 48 layers with the miss column on screen, hover names what
 a (merged) cell holds, the profile and policy are named, a legend and tooltips explain it, values measured at
 another slot count are marked stale, the slots dialog wraps and says every refusal in one place, and the inspector
-follows the terminal's width both ways. Each test failed on the code before issue 22."""
+follows the terminal's width both ways. Each test failed on the code before the fix."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Issue 22, keys and chats: F1 shows the app's keys (F1 or Esc closes it), every key has an id the keymap rebinds
 (a bad [keymap] entry is one warning), app keys leave a dialog's fields alone, confirmations have buttons, the
 chat list opens, renames, deletes and searches old chats, each chat has its sampling settings, and the history
-store upgrades a schema-1 file in place. Each app test failed on the code before issue 22."""
+store upgrades a schema-1 file in place. Each app test failed on the code before the fix."""
 
 from __future__ import annotations
 
