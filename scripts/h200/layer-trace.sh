@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a decode token's time goes, per policy, per layer, at 16 and 6 threads (scripts/h200/layer_trace.py), on the
 # 30B-A3B-shape qwen3moe, experts pinned, random-token routing: builds the CUDA engine (engine source in .export/)
-# while the model is written, then runs the trace. From the repository root: bash scripts/h200/layer-trace.sh
+# while the model is written, then runs the trace (THREADS, SLOTS, N, CALS), or with SWEEP=0.25,0.5,1,2,4 fetch-split's
+# split scaled by each factor (split_sweep.py). From the repository root: bash scripts/h200/layer-trace.sh
 set -u
 . "$(dirname "$0")/common.sh"
 START=$(date +%s); WAIT=${WAIT:-420}
@@ -19,9 +20,13 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
 while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 3; done
 echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
 if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
-  (cd /tmp && timeout ${LIMIT:-560} python3 -P $R/scripts/h200/layer_trace.py /tmp/big.gguf ${THREADS:-16,6} \
-      ${SLOTS:-64,32} ${N:-48} ${CALS:-2} 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
-      | tee $B/layer-trace.txt)
+  if [ -n "${SWEEP:-}" ]; then   # fetch-split's split scaled by each factor of SWEEP (split_sweep.py)
+    set -- $R/scripts/h200/split_sweep.py /tmp/big.gguf ${THREADS:-16,6} ${SLOTS:-64} $SWEEP
+  else
+    set -- $R/scripts/h200/layer_trace.py /tmp/big.gguf ${THREADS:-16,6} ${SLOTS:-64,32} ${N:-48} ${CALS:-2}
+  fi
+  (cd /tmp && timeout ${LIMIT:-560} python3 -P "$@" 2>&1 \
+      | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" | tee $B/layer-trace.txt)
 fi
 tar czf "$OUT/logs.tgz" -C $B . 2>/dev/null
 } 2>&1 | tee "$OUT/layer-trace.txt"
