@@ -64,7 +64,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     app.query_one(Prompt).text = QUESTIONS[i % len(QUESTIONS)]
                     await pilot.press("enter")
                     t0 = time.monotonic()
-                    while len(done) == n or app._generating:
+                    while len(done) == n or app.busy:
                         if time.monotonic() - t0 > args.timeout:
                             raise TimeoutError(f"turn {i + 1} did not finish in {args.timeout:.0f} s")
                         await pilot.pause(0.05)

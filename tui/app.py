@@ -371,18 +371,6 @@ class MoeslotsApp(App[None]):
     def chat_log(self) -> ChatLog:
         return self.chat_pane.chat_log
 
-    @property
-    def _generating(self) -> bool:
-        return self.busy
-
-    @property
-    def _cancel(self) -> Any:
-        return self.chat_pane.cancel
-
-    @property
-    def _notices_seen(self) -> int:
-        return self.engine_actions.notices_seen
-
     def refresh_inspector(self) -> None:
         self.inspector.poll()
 

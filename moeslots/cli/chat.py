@@ -96,7 +96,7 @@ def run_app(eng: Engine, model_name: str, remember: bool = True, a: argparse.Nam
         app.run()
     finally:
         native.set_log_echo(True)
-        app._cancel.set()                 # a reply still running in its worker thread stops at the next token
+        app.chat_pane.cancel.set()                 # a reply still running in its worker thread stops at the next token
         app.engine.close()                # (waits for that thread; the model picker may have switched engines)
         store.close()
     return app.return_code or 0           # an error the app died of (Textual printed it) is no success

@@ -52,7 +52,7 @@ async def run(a: argparse.Namespace) -> None:
             app.query_one(Prompt).text = question
             await pilot.press("enter")
             t0 = time.monotonic()
-            while len(app.query_one("#chat-log").query(ChatMessage)) < before + 2 or app._generating:
+            while len(app.query_one("#chat-log").query(ChatMessage)) < before + 2 or app.busy:
                 await pilot.pause(0.02)                         # the reply is settled: stored and drawn
                 if time.monotonic() - t0 > 120:
                     raise TimeoutError(f"turn {i} did not finish")

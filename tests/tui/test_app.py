@@ -51,7 +51,7 @@ async def test_escape_stops_and_restores_the_prompt(store: Store) -> None:
         await pilot.press("enter")
         await pilot.pause(0.15)
         await pilot.press("escape")
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         msgs = store.messages(app.chat_id)
         assert msgs[0] == ("user", "long answer please")
         assert len(msgs) == 2 and 0 < len(msgs[1][1].split()) < 200      # the partial answer is kept
@@ -64,9 +64,9 @@ async def test_escape_before_any_text_takes_the_question_back(store: Store) -> N
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "never mind"
         await pilot.press("enter")
-        await _wait(pilot, lambda: app._generating)
+        await _wait(pilot, lambda: app.busy)
         await pilot.press("escape")
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         assert store.messages(app.chat_id) == []
         assert app.query_one(Prompt).text == "never mind"
         assert not list(app.query("ChatMessage"))
@@ -249,7 +249,7 @@ async def test_repick_auto_switch_is_said(store: Store) -> None:
         for ask, said in (("one", 1), ("two", 1)):
             app.query_one(Prompt).text = ask
             await pilot.press("enter")
-            await _wait(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) >= 2)
+            await _wait(pilot, lambda: not app.busy and len(store.messages(app.chat_id)) >= 2)
             await pilot.pause(0.4)
             toasts = [n.message for n in app._notifications if "re-pick every 16" in str(n.message)]
             assert len(toasts) == said, toasts

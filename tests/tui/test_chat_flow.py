@@ -23,7 +23,7 @@ async def _ask(app: MoeslotsApp, pilot, text: str) -> None:  # noqa: ANN001
     n = len(app.store.messages(app.chat_id))
     app.query_one(Prompt).text = text
     await pilot.press("enter")
-    await _wait(pilot, lambda: not app._generating and len(app.store.messages(app.chat_id)) >= n + 2)
+    await _wait(pilot, lambda: not app.busy and len(app.store.messages(app.chat_id)) >= n + 2)
 
 
 def _shown_text(app: MoeslotsApp) -> str:
@@ -39,9 +39,9 @@ async def test_esc_before_the_first_token_gives_the_question_back_selected(store
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "round 1"
         await pilot.press("enter")
-        await _wait(pilot, lambda: app._generating)
+        await _wait(pilot, lambda: app.busy)
         await pilot.press("escape")
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         assert store.messages(app.chat_id) == [] and app.query_one(Prompt).text == "round 1"
         await pilot.press(*"round 2")
         assert app.query_one(Prompt).text == "round 2"
@@ -58,15 +58,15 @@ async def test_enter_while_stopping_sends_once_stopped(store: Store) -> None:
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "round 1"
         await pilot.press("enter")
-        await _wait(pilot, lambda: app._generating)
+        await _wait(pilot, lambda: app.busy)
         assert app.query_one(Prompt).border_title == "answering… Esc: stop"     # the box says Enter is refused
         await pilot.press("escape")
         app.query_one(Prompt).text = "round 2"
-        assert app._generating                                                  # still stopping
+        assert app.busy                                                  # still stopping
         assert app.query_one(Prompt).border_title == "stopping… Enter: send when stopped"
         await pilot.press("enter")
         assert app.query_one(Prompt).text == ""                                 # taken, not refused
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app.busy)
         assert store.messages(app.chat_id) == [("user", "round 2"), ("assistant", eng.reply)]
         assert app.query_one(Prompt).text == "" and not app.query_one(Prompt).border_title
         assert not [n for n in app._notifications if "still answering" in str(n.message)]
@@ -112,7 +112,7 @@ async def test_the_chat_follows_the_reply_after_a_dialog_and_the_inspector_toggl
         await pilot.press("ctrl+t")
         await pilot.pause(0.2)
         await pilot.press("ctrl+t")
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         await pilot.pause(0.3)
         assert log.max_scroll_y > 20 and log.scroll_y == log.max_scroll_y      # at the bottom: it followed
         log.scroll_to(y=0, animate=False)                                      # the user scrolls up: no longer
@@ -148,7 +148,7 @@ async def test_regenerate_replaces_the_last_answer(store: Store) -> None:
         assert "nothing to regenerate" in str(list(app._notifications)[-1].message)
         await _ask(app, pilot, "question")
         await pilot.press("f5")
-        await _wait(pilot, lambda: len(eng.seen) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(eng.seen) == 2 and not app.busy)
         assert store.messages(app.chat_id) == [("user", "question"), ("assistant", "answer number 2")]
         assert [m.content for m in eng.seen[1]] == ["question"]                 # asked again, without the old one
         shown = [(m.role, m.text) for m in app.query("ChatMessage")]
@@ -167,7 +167,7 @@ async def test_edit_last_takes_the_question_back(store: Store) -> None:
         prompt = app.query_one(Prompt)
         assert prompt.text == "second with a typo" and prompt.selected_text == "second with a typo"
         await pilot.press("end", *" fixed", "enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy)
         assert store.messages(app.chat_id)[2] == ("user", "second with a typo fixed")
 
 

@@ -90,7 +90,7 @@ async def test_values_measured_at_another_slot_count_are_marked_stale(store: Sto
     async with app.run_test(size=(160, 48)) as pilot:
         app.query_one(Prompt).text = "hi"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app.busy)
         await pilot.pause(0.3)
         assert "stale" not in _text(app, "#whatif") and not app.query_one("#whatif").has_class("stale")
         await pilot.press("ctrl+s")
@@ -105,7 +105,7 @@ async def test_values_measured_at_another_slot_count_are_marked_stale(store: Sto
         eng.whatif = "what-if @8: static 70 %  lru 50 %  re-elect 60 %"        # the engine's new line
         app.query_one(Prompt).text = "again"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy)
         await pilot.pause(0.4)
         assert _text(app, "#whatif") == eng.whatif and not app.query_one("#speed").has_class("stale")
 

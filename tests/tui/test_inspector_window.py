@@ -52,7 +52,7 @@ async def test_the_inspector_states_the_window_and_its_figures_agree(tiny_glm: P
         n = len(store.messages(app.chat_id))
         app.query_one(Prompt).text = ask
         await pilot.press("enter")
-        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == n + 2 and not app._generating, 20)
+        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == n + 2 and not app.busy, 20)
 
     async def shown(pilot, line: str) -> None:  # noqa: ANN001
         app.refresh_inspector()

@@ -146,7 +146,7 @@ async def test_sampling_is_set_per_chat_and_sent(store: Store) -> None:
         assert app.sub_title == "m.gguf · T 0.7 · top-p 0.9 · seed 42"
         app.query_one(Prompt).text = "hi"
         await pilot.press("enter")
-        await _wait(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) == 2)
+        await _wait(pilot, lambda: not app.busy and len(store.messages(app.chat_id)) == 2)
         assert eng.sampling_seen[-1] == Sampling(0.7, 0.9, 42)
         old = app.chat_id
         await pilot.press("ctrl+n")

@@ -172,7 +172,7 @@ async def test_a_stopped_reply_carries_a_marker_on_screen_and_in_the_history(sto
         await pilot.press("enter")
         await _wait(pilot, lambda: eng.held.is_set())
         await pilot.press("escape")
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         said = store.messages(app.chat_id)[-1]
         assert said[0] == "assistant" and said[1].startswith("word0 word1") and said[1].endswith("— stopped*")
         shown = list(app.query(ChatMessage))[-1].query_one(Markdown)
@@ -180,7 +180,7 @@ async def test_a_stopped_reply_carries_a_marker_on_screen_and_in_the_history(sto
         eng.gate.set()
         app.query_one(Prompt).text = "go on"                  # (Esc gave the question back: replaced)
         await pilot.press("enter")
-        await _wait(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) == 4)
+        await _wait(pilot, lambda: not app.busy and len(store.messages(app.chat_id)) == 4)
         given = [m.content for m in eng.seen[-1] if m.role == "assistant"]
         assert given == ["word0 word1 word2 word3 word4"]     # the model gets its own text, not the marker
         assert not store.messages(app.chat_id)[-1][1].endswith("— stopped*")    # a whole reply: no marker

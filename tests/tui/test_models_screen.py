@@ -85,18 +85,18 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
         assert any(r[0] == "●" and r[1] == "alpha.gguf" for r in cells)                   # the model in use
         assert any(r[1] == "beta.gguf" and r[4] == "16 (k=4)" and r[3] == "qwen3moe" for r in cells)
         await _wait(pilot, lambda: bool(opened))
-        assert isinstance(app.engine, Switching) and app._generating and old.closed    # meanwhile: busy, no model
+        assert isinstance(app.engine, Switching) and app.busy and old.closed    # meanwhile: busy, no model
         app.refresh_inspector()                                                      # draws, does not raise
         app.action_slots()
         await pilot.pause(0.1)
         go.set()
         await _wait(pilot, lambda: app.model_path == models / "beta.gguf")
-        assert not app._generating
+        assert not app.busy
         assert opened == [models / "beta.gguf"] and old.closed
         assert isinstance(app.engine, ClosingEngine) and app.engine.name == "beta"
         await _wait(pilot, lambda: app.store.model_of(app.chat_id) == "beta.gguf")     # its own chat, not alpha's
         assert app.sub_title.startswith("beta.gguf") and not isinstance(app.screen, ModelsScreen)
-        assert app._notices_seen == 1                                  # the new engine's notices were shown
+        assert app.engine_actions.notices_seen == 1                   # the new engine's notices were shown
 
 
 async def test_picker_refuses_a_dense_model(tmp_path: Path, models: Path) -> None:
@@ -141,7 +141,7 @@ async def test_notices_that_come_after_a_reply_are_shown(tmp_path: Path) -> None
     async with app.run_test(size=(140, 40)) as pilot:
         app.query_one(Prompt).text = "hi"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app.busy)
         shown = [n.message for n in app._notifications]
         assert shown.count("opened alpha") == 1                            # at start, once
         assert "slots planned from your first prompt: 4 of 16 per layer" in shown

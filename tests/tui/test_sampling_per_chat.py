@@ -60,7 +60,7 @@ async def test_f7_sets_them_refuses_bad_values_with_a_line_and_sends_them(store:
                                  "repeat 1.1 (last 128) · max 7 tokens")
         app.query_one(Prompt).text = "hi"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) == 2)
+        await wait_until(pilot, lambda: not app.busy and len(store.messages(app.chat_id)) == 2)
         assert eng.sampling_seen[-1] == FULL and eng.max_tokens_seen[-1] == 7
         assert store.messages(app.chat_id)[-1] == ("assistant", "one two three four five six seven")
         await pilot.press("f7")                                       # shown again as saved
@@ -80,7 +80,7 @@ async def test_f7_sets_them_refuses_bad_values_with_a_line_and_sends_them(store:
         assert app.sub_title == "m.gguf · greedy"
         app.query_one(Prompt).text = "again"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: not app._generating and len(store.messages(app.chat_id)) == 2)
+        await wait_until(pilot, lambda: not app.busy and len(store.messages(app.chat_id)) == 2)
         assert eng.max_tokens_seen[-1] is None                        # no limit of the chat's: the engine's own
 
 

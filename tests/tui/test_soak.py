@@ -64,7 +64,7 @@ async def until(pilot: Any, cond: Any, timeout: float = 30.0) -> None:
 async def settle(app: MoeslotsApp, pilot: Any, timeout: float = 60.0) -> None:
     """Until no reply is being generated and no engine worker (slots, new chat) is running."""
     t0 = time.monotonic()
-    while app._generating or any(w.is_running for w in app.workers if w.group in ("generate", "engine")):
+    while app.busy or any(w.is_running for w in app.workers if w.group in ("generate", "engine")):
         await pilot.pause(0.005)
         assert time.monotonic() - t0 < timeout, "a step did not settle"
 

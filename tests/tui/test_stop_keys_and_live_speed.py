@@ -69,7 +69,7 @@ async def _ask_and_hold(app: MoeslotsApp, eng: GatedEngine, pilot, text: str) ->
     """Sends `text`; returns once its reply has said its first words and waits at the gate."""
     app.query_one(Prompt).text = text
     await pilot.press("enter")
-    await wait_until(pilot, lambda: app._generating and eng.held.is_set(), timeout=30)
+    await wait_until(pilot, lambda: app.busy and eng.held.is_set(), timeout=30)
 
 
 # -- item 2: Ctrl+C -------------------------------------------------------------------------------------------
@@ -81,8 +81,8 @@ async def test_ctrl_c_stops_a_streaming_reply_as_esc_does(store: Store) -> None:
     async with app.run_test(size=(140, 40)) as pilot:
         await _ask_and_hold(app, eng, pilot, "round 1")
         await pilot.press("ctrl+c")
-        assert app._cancel.is_set()                                       # stopped at once, as Esc
-        await wait_until(pilot, lambda: not app._generating, timeout=30)
+        assert app.chat_pane.cancel.is_set()                                       # stopped at once, as Esc
+        await wait_until(pilot, lambda: not app.busy, timeout=30)
         said = " ".join(REPLY.split(" ")[:eng.before])
         assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", mark_stopped(said))]   # cut there
         assert app.query_one(Prompt).text == "round 1"                    # given back, as after Esc
@@ -118,7 +118,7 @@ async def test_the_inspector_shows_a_live_tok_s_while_a_reply_streams(store: Sto
         await wait_until(pilot, lambda: toks.value == "10.0", timeout=30)  # live, not the last reply's 42.0
         assert "live" in str(unit.render())                            # and says so
         eng.gate.set()
-        await wait_until(pilot, lambda: not app._generating, timeout=30)
+        await wait_until(pilot, lambda: not app.busy, timeout=30)
         await wait_until(pilot, lambda: toks.value == "42.0" and "live" not in str(unit.render()))   # the reply's
 
 
@@ -156,7 +156,7 @@ async def test_esc_and_a_question_typed_at_once_stop_the_reply_and_send_the_ques
             await pilot.pause()
         said = " ".join(REPLY.split(" ")[:eng.before])
         eng.gate.set()                              # the next reply runs through
-        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating, timeout=30)
+        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy, timeout=30)
         assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", mark_stopped(said)),
                                                ("user", "round 2"), ("assistant", REPLY)]
         assert not [n for n in app._notifications if n.severity != "information"]    # nothing refused
@@ -174,13 +174,13 @@ async def test_a_question_sent_while_a_reply_runs_waits_for_it_and_is_never_lost
         await _ask_and_hold(app, eng, pilot, "round 1")
         prompt.text = "round 2"
         await pilot.press("enter")
-        assert prompt.text == "" and app._generating and not app._cancel.is_set()     # taken; the reply goes on
+        assert prompt.text == "" and app.busy and not app.chat_pane.cancel.is_set()     # taken; the reply goes on
         assert "waits" in str(prompt.border_title)
         prompt.text = "round 3"
         await pilot.press("enter")
         assert prompt.text == "round 3"                                  # one waits already: this one stays
         eng.gate.set()
-        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating, timeout=30)
+        await wait_until(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy, timeout=30)
         assert store.messages(app.chat_id) == [("user", "round 1"), ("assistant", REPLY),
                                                ("user", "round 2"), ("assistant", REPLY)]
         assert prompt.text == "round 3"                                  # not cleared by the waiting one's send

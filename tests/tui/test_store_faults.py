@@ -103,11 +103,11 @@ async def test_a_full_disk_keeps_the_typed_question_in_the_prompt(store: Store) 
         await pilot.press("enter")
         await _wait(pilot, lambda: _notes(app, "chats go on in memory"))
         assert app.query_one(Prompt).text == "what is a slot?"      # the typed question is not lost
-        assert not eng.seen and not app._generating                  # nor sent half-saved
+        assert not eng.seen and not app.busy                  # nor sent half-saved
         assert len(_notes(app, "chats go on in memory")) == 1
         assert "still in the prompt box" in _notes(app, "chats go on in memory")[0]
         await pilot.press("enter")                                   # again: the chat goes on in memory
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app.busy)
         assert store.messages(app.chat_id) == [("user", "what is a slot?"), ("assistant", "answered from memory")]
         assert app.query_one(Prompt).text == ""
         assert len(_notes(app, "chat history")) == 1                 # said once
@@ -123,15 +123,15 @@ async def test_a_full_disk_when_the_reply_is_saved_keeps_it_in_memory(store: Sto
     async with app.run_test(size=SIZE) as pilot:
         app.query_one(Prompt).text = "first"
         await pilot.press("enter")
-        await _wait(pilot, lambda: store.messages(app.chat_id) == [("user", "first")] and app._generating)
+        await _wait(pilot, lambda: store.messages(app.chat_id) == [("user", "first")] and app.busy)
         store.db = FullDisk(store.db)            # type: ignore[assignment]
         eng.gate.set()
-        await _wait(pilot, lambda: not app._generating)
+        await _wait(pilot, lambda: not app.busy)
         assert store.messages(app.chat_id) == [("user", "first"), ("assistant", eng.reply)]
         assert not store.saving and len(_notes(app, "chats go on in memory")) == 1
         app.query_one(Prompt).text = "second"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy)
         assert len(list(app.query("ChatMessage"))) == 4 and len(_notes(app, "chat history")) == 1
         assert app.is_running
     assert _on_disk(store.path) == [("user", "first")]
@@ -158,7 +158,7 @@ async def test_a_read_only_history_opens_read_only_and_chats(tmp_path: Path, mon
         assert len(_notes(app, "read-only")) == 1
         app.query_one(Prompt).text = "new question"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 4 and not app.busy)
         assert app.query_one(Prompt).text == "" and len(_notes(app, "chat history")) == 1
     assert path.read_bytes() == before
 
@@ -177,7 +177,7 @@ async def test_a_damaged_history_is_moved_aside_and_a_fresh_one_starts(tmp_path:
         assert aside.read_bytes() == junk
         app.query_one(Prompt).text = "hello"
         await pilot.press("enter")
-        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app._generating)
+        await _wait(pilot, lambda: len(store.messages(app.chat_id)) == 2 and not app.busy)
     assert _on_disk(path) == [("user", "hello"), ("assistant", "fresh")]        # saved in the fresh file
 
 

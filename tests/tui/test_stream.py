@@ -114,7 +114,7 @@ async def test_the_app_updates_at_a_bounded_rate(tmp_path: Path, monkeypatch) ->
         app.query_one(Prompt).text = "go"
         t0 = time.monotonic()
         await pilot.press("enter")
-        while app.last_turn is None or app._generating:
+        while app.last_turn is None or app.busy:
             await pilot.pause(0.05)
             assert time.monotonic() - t0 < 60
         took = time.monotonic() - t0

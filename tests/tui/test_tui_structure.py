@@ -1,7 +1,7 @@
 """The app is built by composition, and stays so: the App is Textual's App with no mixins of ours; the chat pane is
 a widget that owns the reply's state (a reactive the prompt box follows) and posts ReplyDone, which the App
 handles; switching models runs as a Textual worker and posts EngineSwitched; a worker thread's notice reaches the
-App as a Notice message; no part writes the App's fields (a dialog wrote `app._generating` before); the inspector
+App as a Notice message; no part writes the App's fields (a dialog once wrote the app's private flags); the inspector
 owns its refresh timer and the heatmap its hover. A reply does not leave Textual widgets behind (each bindings
 refresh made the Footer recompose, and its old keys were never freed: the soak's memory grew with every reply).
 

@@ -31,7 +31,7 @@ async def _ask(app: MoeslotsApp, pilot: Any, text: str) -> None:
     n = len(app.store.messages(app.chat_id))
     app.query_one(Prompt).text = text
     await pilot.press("enter")
-    await wait_until(pilot, lambda: not app._generating and len(app.store.messages(app.chat_id)) >= n + 2)
+    await wait_until(pilot, lambda: not app.busy and len(app.store.messages(app.chat_id)) >= n + 2)
 
 
 async def test_the_chat_says_once_per_chat_that_its_oldest_turns_left_the_context(store: Store) -> None:
