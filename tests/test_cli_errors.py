@@ -88,6 +88,13 @@ def test_slots_beyond_the_experts_are_refused(tmp_path: Path) -> None:
     _one_line_error(run("profile", "show", str(p), "--slots", "17"), "--slots 17", "16 experts per layer")
 
 
+def _sigint_delivered() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it. A suite started in the background by a shell
+    (`make test &`) inherits SIGINT ignored, as POSIX has background jobs do, and Python then leaves it ignored: the
+    recording would never see the signal this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_record_saves_on_sigterm_and_sighup(tiny_glm: Path, tmp_path: Path) -> None:
     """SIGTERM (and SIGHUP: a closed terminal) killed `moeslots record` and lost the recording; now handled like
@@ -101,7 +108,8 @@ def test_record_saves_on_sigterm_and_sighup(tiny_glm: Path, tmp_path: Path) -> N
         out = tmp_path / f"{sig.name}.csv"
         procs[sig] = (out, subprocess.Popen([sys.executable, "-m", "moeslots", "record", str(tiny_glm), *prompts,
                                              "-n", "2000", "--threads", "1", "--temperature", "1", "-o", str(out)],
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                            preexec_fn=_sigint_delivered))
     time.sleep(4.0)                                            # loaded and decoding (tiny model: ~0.2 s to load)
     for sig, (_, p) in procs.items():
         p.send_signal(sig)
