@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
@@ -277,13 +277,13 @@ class MoeslotsApp(App[None]):
 
     def action_chats(self) -> None:
         if not self._refuse_busy():
-            self.run_worker(self.chat_keys.chats(), exclusive=True, group="modal")
+            self._modal(self.chat_keys.chats())
 
     def action_system_prompt(self) -> None:
-        self.run_worker(self.chat_keys.system_prompt(), exclusive=True, group="modal")
+        self._modal(self.chat_keys.system_prompt())
 
     def action_sampling(self) -> None:
-        self.run_worker(self.chat_keys.sampling(), exclusive=True, group="modal")
+        self._modal(self.chat_keys.sampling())
 
     def action_copy_last(self) -> None:
         self.chat_keys.copy_last()
@@ -298,13 +298,17 @@ class MoeslotsApp(App[None]):
 
     def action_slots(self) -> None:
         if not self._refuse_busy():
-            self.run_worker(self.engine_actions.slots(), exclusive=True, group="modal")
+            self._modal(self.engine_actions.slots())
 
     def action_record(self) -> None:
-        self.run_worker(self.engine_actions.record(), exclusive=True, group="modal")
+        self._modal(self.engine_actions.record())
 
     def action_toggle_repick(self) -> None:
         self.engine_actions.toggle_repick()
+
+    def _modal(self, work: Coroutine[Any, Any, None]) -> None:
+        """A dialog's work as a worker (it waits for the dialog): one at a time, a new one replacing the last."""
+        self.run_worker(work, exclusive=True, group="modal")
 
     def on_notice(self, event: Notice) -> None:
         self.notify(event.text, severity=event.severity, timeout=event.timeout)

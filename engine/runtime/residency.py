@@ -20,7 +20,7 @@ import numpy as np
 
 from ...profiles import repick as chooser
 from ...profiles.costs import CostModel
-from ...profiles.policy import GPU_STEPPED, SPLIT_BY_COST, STATIC
+from ...profiles.policy import SPLIT_BY_COST, STATIC, Policy
 from ...profiles.policy import name as policy_name
 from ...profiles.trace import TraceError, from_ring, read_csv
 from ..errors import EngineError
@@ -59,12 +59,13 @@ class TierChoice:
 
     @property
     def device(self) -> bool:
-        """The GPU steps the tier (fetch, fetch-split)."""
-        return self.policy in GPU_STEPPED
+        """The GPU steps the tier (fetch, fetch-split): Policy.gpu_stepped."""
+        return Policy(self.policy).gpu_stepped
 
     @property
     def share(self) -> bool:
-        return self.policy == "fetch-split"
+        """The CPU computes a share of the tier's misses (fetch-split): Policy.cpu_share."""
+        return Policy(self.policy).cpu_share
 
 
 class Residency:

@@ -14,3 +14,13 @@ B=/tmp/bench; mkdir -p $B
 P=$R/profiles/data/moeslots-tiny-glm4moe
 TINY=$R/engine/assets/moeslots-tiny-glm4moe.gguf
 pack() { tar czf "$OUT/bench.tgz" -C $B . ; }
+# moeslots and the wheels this box lacks into /tmp/site, then the CUDA engine built from .export/ in the background
+# (its log $B/build.txt ends with "build rc N"; /tmp/site/.moeslots-cuda marks a built one, so a rerun skips it)
+install_and_build() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
+  [ -f /tmp/site/.moeslots-cuda ] || setsid nohup bash -c "cd /tmp && $M engine build --cuda --from-source \
+      $R/.export/llama_cpp_python-0.3.36 --cmake-arg=-DGGML_CUDA_FA=OFF > $B/build.txt 2>&1; \
+      echo \"build rc \$?\" >> $B/build.txt; grep -q 'build rc 0' $B/build.txt && touch /tmp/site/.moeslots-cuda" \
+      > /dev/null 2>&1 &
+}

@@ -18,12 +18,7 @@ L=/tmp/llb; START=$(date +%s)
 {
 if [ "$STAGE" = build ]; then
   echo "== $(date +%T) machine: $(nproc) cores, $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader)"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
-  [ -f /tmp/site/.moeslots-cuda ] || setsid nohup bash -c "cd /tmp && $M engine build --cuda --from-source \
-      $R/.export/llama_cpp_python-0.3.36 --cmake-arg=-DGGML_CUDA_FA=OFF > $B/build.txt 2>&1; \
-      echo \"build rc \$?\" >> $B/build.txt; grep -q 'build rc 0' $B/build.txt && touch /tmp/site/.moeslots-cuda" \
-      > /dev/null 2>&1 &
+  install_and_build
   [ -x $L/build/bin/llama-bench ] || setsid nohup nice -n 10 bash -c "bash $R/scripts/sidebyside/build.sh \
       $R/.llb/llamacpp-b11549.tar.xz $L cuda > $B/llb-build.txt 2>&1; echo \"llb rc \$?\" >> $B/llb-build.txt" \
       > /dev/null 2>&1 &

@@ -9,12 +9,7 @@ START=$(date +%s); WAIT=${WAIT:-420}
 {
 echo "== $(date +%T) machine: $(nproc) cores, $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader)"
 lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|CPU max MHz)" 2>/dev/null
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
-[ -f /tmp/site/.moeslots-cuda ] || setsid nohup bash -c "cd /tmp && $M engine build --cuda --from-source \
-    $R/.export/llama_cpp_python-0.3.36 --cmake-arg=-DGGML_CUDA_FA=OFF > $B/build.txt 2>&1; \
-    echo \"build rc \$?\" >> $B/build.txt; grep -q 'build rc 0' $B/build.txt && touch /tmp/site/.moeslots-cuda" \
-    > /dev/null 2>&1 &
+install_and_build
 [ -f /tmp/big.gguf ] || { ( cd /tmp && $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 \
     && mv /tmp/big.part.gguf /tmp/big.gguf ); tail -1 $B/synth-big.txt; }
 while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 3; done
