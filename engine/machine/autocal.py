@@ -4,8 +4,9 @@ the model the engine has loaded, before the first plan goes in. `moeslots doctor
 (every thread count, both kinds of memory, prompts).
 
 What it measures, each with the engine under uniform replayed routing in a small context of its own:
-1. the CPU expert rate and the token's base at the engine's thread count: static decodes at S/2 and at S slots, three
-   of each in turn, their medians (engine.calibrate.cpu_rate);
+1. the CPU expert rate and the token's base at the engine's thread count: static at S slots with routing that misses
+   the slots and routing that hits them, three pairs in turn, the CPU's compute by the scheduler's clock
+   (engine.cpu_rate);
 2. re-pick and tier uploads from the memory the experts live in (engine.calibrate.upload_gbps);
 3. with the experts pinned and a GPU: the GPU-stepped tier's reading rate, its fixed part, its CPU share's cost per
    layer and the CPU's rate on that share (engine.fetch_rates).
@@ -28,6 +29,7 @@ from ..native import replay
 from ..native.expert_cache import SlotPlan
 from . import calibrate
 from .calibrate import Calibration
+from .cpu_rate import cpu_rate
 from .fetch_rates import FetchCosts, fetch_rates
 
 N_TOKENS = 16           # timed one-token decodes per measurement
@@ -93,8 +95,7 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
         if not pinned:
             _touch_experts(m, ctx, moe, pack_host)
         log(f"1/{n_steps} the CPU's expert rate at {threads} threads")
-        cpu, base, method = calibrate.cpu_rate(m, moe, threads, n_tokens, S, pack_host, say, ctx=ctx,
-                                               order=("lo", "hi") * 3)
+        cpu, base, method = cpu_rate(m, moe, threads, n_tokens, S, pack_host, say, ctx=ctx)
         log(f"2/{n_steps} uploads from {memory_of(m)} memory")
         up, up_1 = calibrate.upload_gbps(m, moe, f.n_expert, pack_host, rounds=2)
         say(f"uploads: {up:.2f} GB/s batched, {up_1:.2f} GB/s one at a time"

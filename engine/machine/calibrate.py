@@ -6,11 +6,9 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
   each as single copies (one swap timed on its own, the median: a prefetch's latency) and batched (a run of swaps
   over every layer timed as a whole: a re-pick's or a tier job's throughput). These are the copies the cache makes
   today (not copies batched through one pinned staging buffer on a copy stream, which it does not make).
-- CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): decode with
-  uniform replayed routing at S/2 and at S slots (cpu_rate); the picks left to the CPU are exactly known from the
-  native stats, so cpu_gbps = (CPU bytes/token at S/2 - at S) / (t(S/2) - t(S)) and base_ms = t(S) - CPU bytes at S
-  / cpu_gbps. Without a GPU (hot packs in host memory) both chains run on the CPU and the times hardly differ: the
-  rate is then the S/2 routed bytes over the whole token time (a lower bound), and the result says so.
+- CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): static at S
+  slots under routing that misses the slots and routing that hits them, the CPU's compute by the scheduler's clock
+  (engine.cpu_rate).
 - the GPU-stepped tier's upload rate and its CPU share's cost per layer (with a GPU, pinned memory; `--policy
   fetch` / `fetch-split`): engine.fetch_rates, differences of decodes with every slot a tier, the bytes counted by
   the engine.
@@ -30,7 +28,7 @@ import platform
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -40,9 +38,9 @@ from ..errors import EngineError
 from ..llm.model import Context, LoadOptions, Model, default_threads
 from ..native import expert_cache as cache
 from ..native import lib as native
-from ..native import replay, routing_stats
 from ..native.expert_cache import SlotPlan
-from .fetch_rates import FetchCosts, decode_ms, fetch_rates
+from .cpu_rate import cpu_rate
+from .fetch_rates import FetchCosts, fetch_rates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,63 +308,6 @@ def thread_counts(top: int) -> list[int]:
         out.append(t)
         t *= 2
     return out + [top]
-
-
-def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack_host: bool,
-             log: Callable[[str], None], ctx: Context | None = None,
-             order: tuple[str, ...] = ("lo", "hi", "lo", "hi")) -> tuple[float, float, str]:
-    """(CPU expert GB/s, base ms/token, method) at `threads`, from static decodes at S/2 ("lo") and S ("hi") slots
-    under uniform replayed routing, in `order` (each point's median counts: interleaved readings cancel the CPU's
-    own drift over seconds, which made two calibrations in a row differ by 2x at 15-16 threads). Both have slots in
-    every layer, so both pay the host chain's round trip per layer and their difference is the CPU's work alone (0 slots
-    against S would credit the CPU with the round trips that S adds: a rate too high by half).
-    ctx: a context of this model to decode in (at least n_tokens + 9 positions; default: one of its own). Without a
-    GPU (packs in host memory) both chains run on the CPU: the rate is the S/2 routed bytes over the token time, a
-    lower bound."""
-    f = m.facts
-    f_slab = f.slab_bytes / 1e6
-    lo = max(1, S // 2)
-    own = ctx is None
-    ctx = Context(m, n_ctx=n_tokens + 64, threads=threads) if ctx is None else ctx
-    try:
-        ctx.enable_stats(ring_rows=0)
-        replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1))
-        rng = np.random.default_rng(0)
-        toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
-        res: dict[int, list[tuple[float, float]]] = {lo: [], S: []}
-        for s in (S if o == "hi" else lo for o in order):
-            m.set_slots(SlotPlan({il: tuple(range(s)) for il in moe}), pack_host=pack_host)
-            ctx.reset()
-            ctx.decode(toks[:8], prompt=True)
-            ctx.decode([toks[8]])                     # graphs for this configuration
-            routing_stats.reset(ctx.ptr)
-            ms = decode_ms(ctx, toks[9:])
-            st = ctx.read_stats()
-            misses = float(st.misses.sum()) / len(toks[9:])
-            res[s].append((ms, misses))
-            log(f"{threads} threads, {s} slots: {ms:.2f} ms/token, {misses:.1f} CPU picks/token")
-    finally:
-        m.set_slots(SlotPlan({}), pack_host=pack_host)
-        replay.set_replay(ctx.ptr, None)
-        if own:
-            ctx.close()
-    return rate_from_readings(res[lo], res[S], f_slab, pack_host)
-
-
-def rate_from_readings(lo: Sequence[tuple[float, float]], hi: Sequence[tuple[float, float]], slab_mb: float,
-                       pack_host: bool) -> tuple[float, float, str]:
-    """(CPU GB/s, base ms, method) from static readings (ms/token, CPU picks/token) at fewer ("lo") and more ("hi")
-    slots: the medians of each, the rate from their difference, the base what the "hi" token spends beside its CPU
-    picks. No measurable gain from the slots (or packs in host memory): the "lo" bytes over its time, a lower bound."""
-    if not lo or not hi:
-        raise ValueError("the CPU rate needs readings at both slot counts")
-    t0, c0 = (float(np.median([r[i] for r in lo])) for i in (0, 1))
-    ts, cs = (float(np.median([r[i] for r in hi])) for i in (0, 1))
-    if not pack_host and t0 - ts > 0.05 * t0 and c0 > cs:
-        cpu_gbps = (c0 - cs) * slab_mb / (t0 - ts)            # MB/ms = GB/s
-        return cpu_gbps, max(0.0, ts - cs * slab_mb / cpu_gbps), "split"
-    return (c0 * slab_mb / t0 if t0 > 0 else 0.0), 0.0, ("cpu-only lower bound" if pack_host
-                                                         else "lower bound (no measurable gain from slots)")
 
 
 def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slots: int | None = None,

@@ -3,10 +3,9 @@
 # "What you get with no flags"). From the repository root, with the engine's source in .export/ and llama.cpp's in
 # .llb/llamacpp-b11549.tar.xz (scripts/sidebyside/prepare.sh):
 #   STAGE=build bash scripts/h200/defaults.sh   # the CUDA engine and llama-bench built side by side (llama-bench
-#       niced), the 30B-A3B-shape qwen3moe written; then, once the engine is in: whether a GPU-stepped tier leaves
-#       the static cache slower after it (tier_residue.py, 16 threads), and `bench repick --policy default,...` at 6
-#       threads with a config that starts empty: the first-run calibration's time and every policy's measured
-#       ms/token beside its prediction. Waits up to WAIT s (540) for the builds.
+#       niced), the 30B-A3B-shape qwen3moe written; then, once the engine is in, the first-run calibration CALS (3)
+#       times in a row at each of CAL_THREADS (16,6), pinned: how far its readings agree. Waits up to WAIT s (540)
+#       for the builds.
 #   STAGE=run bash scripts/h200/defaults.sh     # scripts/sidebyside/run.sh (its default column: the first-run
 #       calibration, then auto) over LOADS (pinned) x THREADS (16,6) x ROUTING (random tokens and the donor chat
 #       trace), detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
@@ -27,13 +26,10 @@ if [ "$STAGE" = build ]; then
   while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 5; done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
   if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
-    (cd /tmp && timeout 150 python3 -P $R/scripts/h200/tier_residue.py /tmp/big.gguf 16 64 2>&1 \
-        | grep -v "^llama\|^load\|^print_info" | tee $B/tier-residue.txt)
-    left=$(( WAIT + 50 - ($(date +%s) - START) ))
-    [ $left -gt 60 ] && (cd /tmp && rm -rf /tmp/cfg-fresh && XDG_CONFIG_HOME=/tmp/cfg-fresh timeout $left $M bench \
-        repick /tmp/big.gguf --every 0 --policy default,static,fetch,fetch-split,hybrid --slots 32,64 \
-        --replay uniform --no-mmap --threads 6 -n $N --json $OUT/policies-t6.json 2>&1 | grep -v "^llama" \
-        | tee $B/policies-t6.txt)
+    # how far first-run calibrations in a row agree: CALS of them at each of CAL_THREADS, experts pinned
+    (cd /tmp && timeout $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P $R/scripts/h200/layer_trace.py \
+        /tmp/big.gguf ${CAL_THREADS:-16,6} - 48 ${CALS:-3} 2>&1 | grep -v "^llama\|^load\|^print_info" \
+        | tee $B/calibrations.txt)
   fi
   tail -3 $B/llb-build.txt 2>/dev/null
 else

@@ -69,7 +69,11 @@ def main() -> None:
                 cals.append(c)
                 print(f"calibration {i + 1} at {threads} threads ({c.seconds:.1f} s): CPU {c.cpu_gbps:.1f} GB/s, "
                       f"base {c.base_ms:.2f} ms, fetch {c.fetch_gbps:.1f} GB/s + {c.fetch_base_ms:.2f} ms, share "
-                      f"{1e3 * c.share_ms:.0f} µs/layer, share CPU {c.share_cpu_gbps:.1f} GB/s", flush=True)
+                      f"{1e3 * c.share_ms:.0f} µs/layer, share CPU {c.share_cpu_gbps:.1f} GB/s ({c.method})",
+                      flush=True)
+                for line in c.raw:
+                    if " routing: " in line:
+                        print(f"  {line}", flush=True)
             if not slot_counts:
                 continue
             cost = cals[-1].cost_model(f.slab_bytes / 1e6, pinned=True, threads=threads)

@@ -6,6 +6,7 @@ faster of the two stays."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
@@ -62,7 +63,11 @@ def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path,
     (key, entry), = table.items()
     assert " | 2 threads | pageable" in key and "x 16 experts (4 used)" in key
     assert entry["kind"] == "first-run" and entry["cpu_gbps"] > 0 and len(entry["raw"]) >= 3
-    assert any("2 threads, 6 slots" in r for r in entry["raw"]) and any("2 threads, 3 slots" in r for r in entry["raw"])
+    line = r"2 threads, 6 slots, {} routing: [\d.]+ ms/token, ([\d.]+) CPU picks/token, CPU compute [\d.]+ ms"
+    picks = {w: [float(x) for x in re.findall(line.format(w), "\n".join(entry["raw"]))]
+             for w in ("miss", "hit")}
+    assert len(picks["miss"]) == len(picks["hit"]) == 3, entry["raw"]      # three pairs, the clock read in each
+    assert all(p > 0 for p in picks["miss"]) and picks["hit"] == [0.0] * 3, picks   # "hit" leaves nothing to the CPU
     said.clear()
     e = Engine(cfg, progress=said.append)                          # the same shape: measured already
     e.close()

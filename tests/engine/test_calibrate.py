@@ -33,7 +33,8 @@ def test_calibrate_save_load(cfg_home: Path) -> None:
     assert c.upload_pinned_gbps == c.upload_pageable_gbps == 0.0                 # said, and the H200 box's used
     assert c.upload_pinned_single_gbps == c.upload_pageable_single_gbps == 0.0 and c.host_copy_gbps > 0
     assert "PCIe uploads" in c.unmeasured and "not measured: PCIe uploads" in c.render()
-    assert any("1 threads, 16 slots" in line for line in logs) and any("2 threads, 32 slots" in line for line in logs)
+    assert any("1 threads, 32 slots, miss routing" in line for line in logs)
+    assert any("2 threads, 32 slots, hit routing" in line for line in logs)
     calibrate.save(c)
     assert "[app]" in cfg_home.read_text() and calibrate.load() == c             # other tables kept
     cm = c.cost_model()
@@ -250,18 +251,37 @@ def test_cpu_rate_and_base_between_measured_thread_counts() -> None:
     assert c.cost_model().cpu_gbps == 104.2 and c.cost_model().base_ms == 12.0
 
 
-def test_the_cpu_rate_takes_each_slot_counts_median() -> None:
-    """Readings (ms/token, CPU picks/token) at S/2 and S slots, interleaved: one slow reading (the CPU's throughput
-    drifts over seconds) moves a rate taken from the last pair by 2x; the medians keep the rate the others agree on."""
-    from moeslots.engine.machine.calibrate import rate_from_readings
+def test_the_cpu_rate_takes_the_median_of_its_pairs() -> None:
+    """Readings (ms/token, CPU picks/token) with routing that misses the slots and routing that hits them, taking
+    turns: one fast reading (the CPU's throughput drifts over seconds) moves a rate taken from the last pair by 3x;
+    the median of the pairs keeps the rate the others agree on."""
+    from moeslots.engine.machine.cpu_rate import Reading, rate_from_readings
 
     slab = 2.0                                              # MB per expert
-    lo = [(30.0, 200.0), (30.5, 200.0), (24.0, 200.0)]     # the last "lo" reading ran fast
-    hi = [(20.0, 100.0), (19.5, 100.0), (20.5, 100.0)]
-    gbps, base, how = rate_from_readings(lo, hi, slab, pack_host=False)
-    assert how == "split" and gbps == pytest.approx(100 * slab / (30.0 - 20.0))   # 20 GB/s, not 200 / 3.5 = 57
-    assert base == pytest.approx(20.0 - 100 * slab / gbps)
-    gbps, base, how = rate_from_readings([(30.0, 200.0)], [(29.5, 100.0)], slab, pack_host=False)
+    miss = [Reading(30.0, 200.0), Reading(30.5, 200.0), Reading(24.0, 200.0)]   # the last one ran fast
+    hit = [Reading(10.0, 0.0), Reading(10.5, 0.0), Reading(10.5, 0.0)]
+    gbps, base, how = rate_from_readings(miss, hit, slab, pack_host=False)
+    assert how == "split" and gbps == pytest.approx(200 * slab / 20.0)          # 20 GB/s, not 400 / 13.5 = 30
+    assert base == pytest.approx(30.0 - 200 * slab / gbps)
+    gbps, base, how = rate_from_readings([Reading(30.0, 200.0)], [Reading(29.5, 100.0)], slab, pack_host=False)
     assert how.startswith("lower bound") and gbps == pytest.approx(200 * slab / 30.0) and base == 0.0
+    gbps, base, how = rate_from_readings(miss, hit, slab, pack_host=True)
+    assert how == "cpu-only lower bound" and base == 0.0
     with pytest.raises(ValueError):
-        rate_from_readings([], hi, slab, pack_host=False)
+        rate_from_readings([], hit, slab, pack_host=False)
+
+
+def test_the_cpu_rate_reads_the_cpus_own_compute_when_the_clock_has_it() -> None:
+    """The walls also hold the host's wait for the GPU, which drifts with the GPU (here by 4 ms between the two
+    routings of each pair); the scheduler's clock of the CPU splits' compute does not: the rate comes from it."""
+    from moeslots.engine.machine.cpu_rate import Reading, rate_from_readings
+
+    slab = 2.0
+    miss = [Reading(30.0, 200.0, 16.0), Reading(31.0, 200.0, 16.2), Reading(29.0, 200.0, 15.8)]
+    hit = [Reading(14.0, 0.0, 6.0), Reading(15.0, 0.0, 6.2), Reading(13.0, 0.0, 5.8)]   # walls 16 apart, CPU 10
+    gbps, base, how = rate_from_readings(miss, hit, slab, pack_host=False)
+    assert how == "split, scheduler clock" and gbps == pytest.approx(200 * slab / 10.0)
+    assert base == pytest.approx(30.0 - 200 * slab / gbps)
+    walls = [Reading(r.ms, r.picks) for r in hit]           # one reading without the clock: the walls
+    gbps, _, how = rate_from_readings(miss, walls, slab, pack_host=False)
+    assert how == "split" and gbps == pytest.approx(200 * slab / 16.0)
