@@ -8,7 +8,9 @@ bytes are known exactly from the engine's stats. The time of that work is read f
 splits' compute) where the engine has it; the wall clock otherwise. The token's wall time also holds the host's wait
 for the GPU's queue and the copies, which drift with the GPU; the CPU's own compute is what the rate is about.
 Each pair's difference is taken, then the median of the pairs: the CPU's throughput drifts over seconds (two walls'
-difference once gave 32 and 68 GB/s back to back), and adjacent readings drift together.
+difference once gave 32 and 68 GB/s back to back), and adjacent readings drift together. When the pairs' rates
+still disagree by more than SPREAD (right after a 16 GB pinned load, three pairs gave 99, 60 and 46 GB/s where the
+machine does 80-110), two pairs more are read and the median is over all of them.
 Without a GPU (hot packs in host memory) both chains run on the CPU and the two routings cost about the same: the rate
 is then the "miss" reading's CPU bytes over its whole token time, a lower bound, and the method says so.
 """
@@ -26,6 +28,8 @@ from ..native.expert_cache import SlotPlan
 from .fetch_rates import decode_ms
 
 ORDER = ("miss", "hit") * 3     # readings taking turns: three pairs
+MORE = ("miss", "hit") * 2      # two pairs more when the first ones disagree
+SPREAD = 1.25                   # the pairs disagree when their fastest rate is this much over their slowest
 MIN_GAIN = 0.05                 # the CPU's work must be at least this share of the "miss" token to be measured
 
 
@@ -54,7 +58,7 @@ def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack
         m.set_slots(SlotPlan({il: tuple(range(S)) for il in moe}), pack_host=pack_host)
         rng = np.random.default_rng(0)
         toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
-        for what in order:
+        def read(what: str) -> None:
             replay.set_replay(ctx.ptr, routes[what])
             ctx.reset()
             ctx.decode(toks[:8], prompt=True)
@@ -68,6 +72,14 @@ def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack
             readings[what].append(Reading(ms, picks, cpu_ms))
             log(f"{threads} threads, {S} slots, {what} routing: {ms:.2f} ms/token, {picks:.1f} CPU picks/token"
                 + (f", CPU compute {cpu_ms:.2f} ms" if cpu_ms is not None else ""))
+
+        for what in order:
+            read(what)
+        rates = pair_rates(readings["miss"], readings["hit"], f.slab_bytes / 1e6)
+        if not pack_host and disagree(rates):
+            log(f"the pairs disagree ({', '.join(f'{r:.0f}' for r in rates)} GB/s): {len(MORE) // 2} pairs more")
+            for what in MORE:
+                read(what)
     finally:
         m.set_slots(SlotPlan({}), pack_host=pack_host)
         replay.set_replay(ctx.ptr, None)
@@ -81,6 +93,20 @@ def _difference(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) == len(b):
         return float(np.median(np.subtract(a, b)))
     return float(np.median(a) - np.median(b))
+
+
+def pair_rates(miss: Sequence[Reading], hit: Sequence[Reading], slab_mb: float) -> list[float]:
+    """Each pair's CPU rate (GB/s; 0 where its difference is not positive), by the clock where both have it."""
+    out = []
+    for a, b in zip(miss, hit):
+        dt = (a.cpu_ms - b.cpu_ms) if a.cpu_ms is not None and b.cpu_ms is not None else a.ms - b.ms
+        out.append((a.picks - b.picks) * slab_mb / dt if dt > 0 and a.picks > b.picks else 0.0)
+    return out
+
+
+def disagree(rates: Sequence[float]) -> bool:
+    """Whether pairs' rates are too far apart for their median to be trusted (or one has no rate at all)."""
+    return len(rates) > 1 and (min(rates) <= 0 or max(rates) > SPREAD * min(rates))
 
 
 def rate_from_readings(miss: Sequence[Reading], hit: Sequence[Reading], slab_mb: float,

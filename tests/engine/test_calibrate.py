@@ -285,3 +285,23 @@ def test_the_cpu_rate_reads_the_cpus_own_compute_when_the_clock_has_it() -> None
     walls = [Reading(r.ms, r.picks) for r in hit]           # one reading without the clock: the walls
     gbps, _, how = rate_from_readings(miss, walls, slab, pack_host=False)
     assert how == "split" and gbps == pytest.approx(200 * slab / 16.0)
+
+
+def test_pairs_that_disagree_are_read_again() -> None:
+    """Three pairs read right after a 16 GB pinned load on the H100 box (16 threads, 64 of 128 slots, 191.5 CPU picks
+    a token): the CPU slowed through them, their rates 99, 60 and 46 GB/s. They disagree, so two pairs more are read;
+    with two steady ones after, the median of the five is the machine's rate, not the slowed one the three gave."""
+    from moeslots.engine.machine.cpu_rate import Reading, disagree, pair_rates, rate_from_readings
+
+    slab = 2.654208
+    miss = [Reading(13.15, 191.5, 6.64), Reading(15.37, 191.5, 10.85), Reading(24.93, 191.5, 15.63)]
+    hit = [Reading(8.17, 0.0, 1.49), Reading(8.97, 0.0, 2.39), Reading(8.13, 0.0, 4.63)]
+    rates = pair_rates(miss, hit, slab)
+    assert [round(r) for r in rates] == [99, 60, 46] and disagree(rates)
+    three, _, _ = rate_from_readings(miss, hit, slab, pack_host=False)
+    assert three == pytest.approx(rates[1])
+    miss += [Reading(12.60, 191.5, 6.10), Reading(12.70, 191.5, 6.20)]
+    hit += [Reading(8.10, 0.0, 1.45), Reading(8.15, 0.0, 1.47)]
+    five, base, how = rate_from_readings(miss, hit, slab, pack_host=False)
+    assert five == pytest.approx(191.5 * slab / (6.64 - 1.49)) and five > 1.5 * three and how.endswith("clock")
+    assert not disagree([80.4, 89.8, 84.7]) and disagree([80.0, 0.0]) and not disagree([80.0])
