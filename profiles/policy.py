@@ -118,6 +118,9 @@ class Scored:
     hit_rate: float
 
 
+_FAMILY = {"dynamic": "hybrid"}     # policies that are one mechanism with another split of the slots
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     policy: str
@@ -130,8 +133,10 @@ class Decision:
         return next((r.ms_per_token for r in self.ranked if (r.policy, r.tier) == (self.policy, self.tier)), 0.0)
 
     def runner_up(self) -> Scored | None:
-        """The fastest other policy (another tier size of the same policy is no second opinion)."""
-        return next((r for r in self.ranked if r.policy != self.policy), None)
+        """The fastest other mechanism: another tier size of the same policy is no second opinion, and neither is
+        the host tier with another core (dynamic is hybrid with none)."""
+        same = _FAMILY.get(self.policy, self.policy)
+        return next((r for r in self.ranked if _FAMILY.get(r.policy, r.policy) != same), None)
 
 
 def choose_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = None, *,

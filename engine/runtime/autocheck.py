@@ -1,6 +1,8 @@
 """`--policy auto` checks its choice against what the chat measures: when the chosen policy decodes more than 15 %
-slower than predicted over CHECK_TOKENS decode tokens, the runner-up (the fastest other policy the simulator scored)
-takes over between replies for as many tokens, and the faster of the two as measured stays. Pure bookkeeping: the
+slower than predicted over CHECK_TOKENS decode tokens, or the runner-up (the fastest other mechanism the simulator
+scored) was predicted within 10 % of it (closer than the cost model can tell apart: on the GPU box its predictions
+are off by up to 10 %, and a near tie went the wrong way by 8 %), the runner-up takes over between replies for as
+many tokens, and the faster of the two as measured stays. Pure bookkeeping: the
 engine times its replies and applies a switch (engine.residency); one switch out and at most one back, then settled.
 """
 
@@ -12,6 +14,7 @@ from ...profiles.policy import Decision
 
 CHECK_TOKENS = 256      # decode tokens a policy is measured over (a few replies)
 SLOW = 0.85             # measured speed under this share of the predicted one: try the runner-up
+TIE = 0.10              # the runner-up predicted within this share of the choice: try it as well
 
 
 @dataclasses.dataclass
@@ -33,11 +36,13 @@ class Trial:
 class AutoCheck:
     """The state of one `auto` decision's check: "checking" the choice, "trying" the runner-up, "settled"."""
 
-    def __init__(self, decision: Decision, tokens: int | None = None, slow: float = SLOW) -> None:
+    def __init__(self, decision: Decision, tokens: int | None = None, slow: float = SLOW, tie: float = TIE) -> None:
         self.first = Trial(decision.policy, decision.tier, decision.predicted_ms)
         ru = decision.runner_up()
         self.second = Trial(ru.policy, ru.tier, ru.ms_per_token) if ru is not None else None
         self.tokens, self.slow = tokens or CHECK_TOKENS, slow
+        self.tie_share = tie
+        self.near_tie = self.second is not None and self.second.predicted_ms <= (1 + tie) * self.first.predicted_ms
         self.state = "checking" if self.first.predicted_ms > 0 else "settled"
         self.line = ""                       # the last verdict, for the user
 
@@ -57,10 +62,12 @@ class AutoCheck:
             return None
         if self.state == "checking":
             slow = t.measured_ms * self.slow > t.predicted_ms
-            if slow and self.second is not None:
+            if (slow or self.near_tie) and self.second is not None:
                 self.state = "trying"
-                self.line = (f"auto: {t.says()}, over {100 * (1 - self.slow):.0f} % slower than predicted: trying "
-                             f"the runner-up, {self.second.policy}, for {self.tokens} tokens")
+                why = (f"over {100 * (1 - self.slow):.0f} % slower than predicted" if slow else
+                       f"and the runner-up was predicted within {100 * self.tie_share:.0f} % of it")
+                self.line = (f"auto: {t.says()}, {why}: trying the runner-up, {self.second.policy}, for "
+                             f"{self.tokens} tokens")
                 return self.second.policy, self.second.tier
             self.state = "settled"
             self.line = f"auto: {t.says()}" + (": kept" if not slow else ": kept (no runner-up to try)")

@@ -163,6 +163,33 @@ def test_the_check_tries_the_runner_up_and_keeps_the_faster() -> None:
     assert alone.timed(10, 1.0) is None and "no runner-up" in alone.line
 
 
+def test_a_near_tie_is_measured_both_ways() -> None:
+    """A runner-up predicted within 10 % of the choice (the cost model's own error) is tried even when the choice
+    runs as predicted, and the faster as measured stays; one predicted 20 % slower is not."""
+    c = AutoCheck(_decision(10.0, 10.8), tokens=100)
+    assert c.near_tie and c.timed(100, 1.0) == ("fetch", 32) and c.state == "trying"   # 10 ms: as predicted
+    assert "predicted within 10 % of it: trying the runner-up, fetch," in c.line, c.line
+    assert c.timed(100, 0.9) is None and c.state == "settled" and "kept the runner-up" in c.line
+    c = AutoCheck(_decision(10.0, 10.8), tokens=100)
+    c.timed(100, 1.0)
+    assert c.timed(100, 1.1) == ("fetch-split", 32) and "back to fetch-split" in c.line
+    far = AutoCheck(_decision(10.0, 12.0), tokens=100)
+    assert not far.near_tie and far.timed(100, 1.0) is None and far.line.endswith(": kept")
+
+
+def test_the_runner_up_is_another_mechanism() -> None:
+    """hybrid and dynamic are one mechanism (the host tier with and without a core): the runner-up of either is the
+    fastest policy of another mechanism."""
+    ranked = (Scored("hybrid", 8, 14.44, 0.25), Scored("dynamic", 32, 14.44, 0.25),
+              Scored("fetch-split", 32, 14.91, 0.25), Scored("static", 0, 15.53, 0.25))
+    ru = Decision("hybrid", 8, "why", ranked).runner_up()
+    assert ru is not None and ru.policy == "fetch-split"
+    ru = Decision("dynamic", 32, "why", ranked).runner_up()
+    assert ru is not None and ru.policy == "fetch-split"
+    ru = Decision("fetch-split", 32, "why", ranked).runner_up()
+    assert ru is not None and ru.policy == "hybrid"
+
+
 def test_doctor_lists_every_calibration_of_this_machine(tiny_glm: Path, cfg_home: Path) -> None:
     """`moeslots doctor` shows the full calibration and each first-run one (shape, threads, memory, time)."""
     _calibrated(cfg_home, tiny_glm)
