@@ -19,6 +19,7 @@ from ..errors import ClosedError, EngineError, ModelError
 from ..native import expert_cache as cache
 from ..native import lib as native
 from ..native import routing_stats as stats
+from ..native import tier
 
 if TYPE_CHECKING:
     from ..native.expert_cache import SlotPlan
@@ -402,7 +403,7 @@ class Context:
                 stats.mark_batch(ptr, self.n_past, len(chunk), prompt)
             rc = L.llama_decode(ptr, b)
             if rc != 0:
-                raise EngineError(f"llama_decode failed with code {rc}")
+                raise EngineError(tier.take_failure(self.model.ptr) or f"llama_decode failed with code {rc}")
             if self.on_chunk is not None:
                 self.on_chunk(self.n_past, len(chunk))
             self.n_past += len(chunk)

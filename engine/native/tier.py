@@ -22,6 +22,7 @@ from . import lib as native
 from .expert_cache import ERR_INPUT, CacheError, SlotPlan
 
 DECAY = 0.95          # profiles.hybrid.Tier's default: the simulator's
+TAKE_TIMEOUT_S = 60.0   # a fetch-split take waits microseconds for the GPU; this long, and the decode fails
 
 
 def _bind() -> ctypes.CDLL:
@@ -38,23 +39,27 @@ def _bind() -> ctypes.CDLL:
                                                     ctypes.c_int32]
         L.llama_moeslots_tier_set_device.restype = ctypes.c_int32
         L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
-                                                     ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t]
+                                                     ctypes.c_double, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
+        L.llama_moeslots_tier_take_failed.restype = ctypes.c_int32
+        L.llama_moeslots_tier_take_failed.argtypes = [ctypes.c_void_p]
     return L
 
 
 def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float = DECAY, *,
-             device: bool = False, share: bool = False) -> int:
+             device: bool = False, share: bool = False, take_timeout_s: float = TAKE_TIMEOUT_S) -> int:
     """Give every partly resident trunk layer a tier of its last n_tier slots (0: off). Returns the layers that got
     one. Between decodes only; the model's contexts rebuild their graphs at their next decode. device: the tier is
     stepped on the pack's device (patch 0008, `--policy fetch`): every miss fetched by the GPU from pinned memory,
     none computed on the CPU, no host round trip; with share (`--policy fetch-split`, needs cost) the GPU fetches
-    only part of each layer's misses and the CPU computes the others beside its copies."""
+    only part of each layer's misses and the CPU computes the others beside its copies; a GPU that has not handed
+    the CPU its inputs after take_timeout_s fails that decode (take_failed says where)."""
     if device:
         if share and cost is None:
             raise ValueError("a CPU share needs the machine's costs")
         t_cpu, t_up = share_costs(cost) if share and cost is not None else (0.0, 0.0)
         msg = ctypes.create_string_buffer(512)
-        rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, decay, t_cpu, t_up, msg, len(msg)))
+        rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, t_cpu, t_up, decay,
+                                                        max(1, round(1e3 * take_timeout_s)), msg, len(msg)))
         if rc < 0:
             why = msg.value.decode(errors="replace") or f"code {rc}"
             raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
@@ -65,6 +70,24 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
         raise CacheError(f"the engine refused a tier of {n_tier} slots per layer (a layer with fewer slots, a re-pick "
                          f"copy in flight, or bad costs; code {rc})", rc)
     return rc
+
+
+def take_failed(model_ptr: int) -> int | None:
+    """After a decode failed: the first layer whose CPU share gave up waiting for the GPU, or None."""
+    L = native.lib()
+    if not native.hasattr_symbol(L, "llama_moeslots_tier_take_failed"):
+        return None
+    il = int(_bind().llama_moeslots_tier_take_failed(model_ptr))
+    return il if il >= 0 else None
+
+
+def take_failure(model_ptr: int) -> str | None:
+    """After a decode failed: why, when a fetch-split share gave up waiting for the GPU (else None)."""
+    il = take_failed(model_ptr)
+    if il is None:
+        return None
+    return (f"the GPU did not hand layer {il}'s inputs to the CPU's share of its experts within {TAKE_TIMEOUT_S:.0f} "
+            f"s (--policy fetch-split); the reply stopped there (--policy fetch leaves the CPU out)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,6 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=$(pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site TIMEFORMAT="wall %R s" CUDA_VISIBLE_DEVICES=0 XDG_CONFIG_HOME=/tmp/cfg
-# a fetch-split take waits microseconds for the GPU: give up after 10 s, not the default 60, if it never answers
-export GGML_MOE_FETCH_TAKE_TIMEOUT=${GGML_MOE_FETCH_TAKE_TIMEOUT:-10}
 M="python3 -P -m moeslots"
 G="--arch glm4moe --layers 48 --n-embd 2048 --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768 --ff 4096 --vocab 151936 --quant q4_k --threads 16 --no-check"
 # the 30B-A3B shape as qwen3moe (no NextN): the model of the side-by-side table in shared/h200-box.md

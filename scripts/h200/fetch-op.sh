@@ -4,7 +4,7 @@
 # in pinned memory (the device's host buffer type): the tier's rule stepped by the GPU and its copies made by the GPU
 # must match the reference step for step, bit for bit.
 # Usage (repository root, CUDA engine installed in /tmp/site as for the other scripts): scripts/h200/fetch-op.sh
-# Result: $OUT/fetch-op.txt, "11 passed, 0 failed, 0 skipped" at its end.
+# Result: $OUT/fetch-op.txt, "12 passed, 0 failed, 0 skipped" at its end.
 set -uo pipefail
 source scripts/h200/common.sh
 PKG=$(python3 -P -c "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))")

@@ -5,7 +5,7 @@
 # fetch op's test over CUDA. From the repository root, wheels in .whl/; the tests' report in $OUT/tier-check.txt.
 set -u
 R=$(pwd)
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=0 GGML_MOE_FETCH_TAKE_TIMEOUT=10
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=0
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . 2>&1 | grep -v WARN
 cd /tmp && time timeout ${BUILD_LIMIT:-900} python3 -P -m moeslots engine build --cuda --from-source $R/.export --cmake-arg=-DGGML_CUDA_FA=OFF > /tmp/b.txt 2>&1; echo "build rc $?"; tail -3 /tmp/b.txt

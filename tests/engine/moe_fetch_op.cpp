@@ -188,19 +188,33 @@ bool same(const char * what, const T * a, const T * b, size_t n, std::string & w
     return true;
 }
 
-// a take node over stage_ids on the CPU backend: the two planes of n rows
-std::vector<int32_t> run_take(ggml_backend_t cpu, ggml_tensor * stage_ids, int64_t k, int64_t n, int64_t n_rows) {
-    ggml_init_params gp = { 4*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+// a take node over stage_ids on the CPU backend, then a node that reads it: the two planes of n rows (and in after,
+// the node after the take: the planes plus one; both stay 0 where the graph did not run them)
+std::vector<int32_t> run_take(ggml_backend_t cpu, ggml_tensor * stage_ids, int64_t k, int64_t n, int64_t n_rows,
+        int timeout_ms = 60000, ggml_status * status = nullptr, std::vector<int32_t> * after = nullptr) {
+    ggml_init_params gp = { 8*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * gctx = ggml_init(gp);
-    ggml_tensor * take = ggml_moe_fetch_take(gctx, stage_ids, (int) k, (int) n, (int) n_rows);
+    ggml_tensor * take = ggml_moe_fetch_take(gctx, stage_ids, (int) k, (int) n, (int) n_rows, timeout_ms);
     ggml_set_output(take);
+    ggml_tensor * next = ggml_add(gctx, ggml_cast(gctx, take, GGML_TYPE_F32), ggml_arange(gctx, 1.0f, 2.0f, 1.0f));
+    ggml_set_output(next);
     ggml_cgraph * gf = ggml_new_graph(gctx);
-    ggml_build_forward_expand(gf, take);
+    ggml_build_forward_expand(gf, next);
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
     ggml_gallocr_alloc_graph(galloc, gf);
+    std::vector<int32_t> zero(2*k*n, 0);
+    std::vector<float>   zero_f(2*k*n, 0.0f);
+    ggml_backend_tensor_set(take, zero.data(), 0, zero.size()*sizeof(int32_t));
+    ggml_backend_tensor_set(next, zero_f.data(), 0, zero_f.size()*sizeof(float));
     std::vector<int32_t> got(2*k*n, 0);
-    if (ggml_backend_graph_compute(cpu, gf) == GGML_STATUS_SUCCESS) {
-        ggml_backend_tensor_get(take, got.data(), 0, got.size()*sizeof(int32_t));
+    const ggml_status st = ggml_backend_graph_compute(cpu, gf);
+    if (status) {
+        *status = st;
+    }
+    ggml_backend_tensor_get(take, got.data(), 0, got.size()*sizeof(int32_t));
+    if (after) {
+        ggml_backend_tensor_get(next, zero_f.data(), 0, zero_f.size()*sizeof(float));
+        after->assign(zero_f.begin(), zero_f.end());
     }
     ggml_gallocr_free(galloc);
     ggml_free(gctx);
@@ -520,6 +534,46 @@ int main(int argc, char ** argv) {
             ok = !early && got == std::vector<int32_t>({ 5, 9, -1, 9 });
         }
         printf("%s a take waits for its done word\n", ok ? "ok  " : "FAIL");
+        (ok ? n_pass : n_fail)++;
+    }
+    {
+        // a device that never answers: after its timeout the take fails the graph (no abort), its planes are -1,
+        // the node after it does not run, and the stage's failed word names the request; the same stage answered
+        // then gives a good graph again
+        stage_mem stage;
+        bool ok = stage.init(ggml_backend_cpu_buffer_type(), 2, 1, 4);
+        std::string why;
+        if (ok) {
+            int32_t * s_ids = (int32_t *) (stage.base + ggml_moe_fetch_stage_offset(2, 1, 4, GGML_MOE_FETCH_STAGE_IDS));
+            const int32_t v[4] = { 5, 9, -1, 9 };
+            memcpy(s_ids, v, sizeof(v));
+            stage.words()[0] = 12;
+            stage.words()[1] = 11;
+            ggml_status st = GGML_STATUS_SUCCESS;
+            std::vector<int32_t> after;
+            const auto t0 = std::chrono::steady_clock::now();
+            const std::vector<int32_t> got = run_take(cpu, stage.ids, 2, 1, 1, 30, &st, &after);
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            if (st != GGML_STATUS_FAILED) {
+                why = "status " + std::to_string((int) st) + ", not GGML_STATUS_FAILED";
+            } else if (got != std::vector<int32_t>({ -1, -1, -1, -1 })) {
+                why = "the planes of a failed take are not -1";
+            } else if (after != std::vector<int32_t>({ 0, 0, 0, 0 })) {
+                why = "the node after a failed take ran";
+            } else if (stage.words()[2] != 12) {
+                why = "the failed word is " + std::to_string(stage.words()[2]) + ", not the request 12";
+            } else if (ms < 30.0) {
+                why = "it gave up before its timeout";
+            }
+            stage.words()[1] = 12;
+            if (why.empty() && (run_take(cpu, stage.ids, 2, 1, 1, 30, &st, &after) != std::vector<int32_t>({ 5, 9, -1, 9 }) ||
+                                st != GGML_STATUS_SUCCESS || after != std::vector<int32_t>({ 6, 10, 0, 10 }))) {
+                why = "the answered stage did not give a good graph after the failed one";
+            }
+            ok = why.empty();
+        }
+        printf("%s a take that waits past its timeout fails its graph%s%s\n", ok ? "ok  " : "FAIL", ok ? "" : ": ",
+               why.c_str());
         (ok ? n_pass : n_fail)++;
     }
     printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);

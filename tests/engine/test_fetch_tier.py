@@ -239,3 +239,24 @@ def test_stats_count_each_batch_once_and_where_it_was_served(tiny_glm: Path) -> 
         want = {il: sum(int(e) in slots[il] for r in rows if int(r[1]) == il for e in r[2:]) for il in trunk}
         got = {il: int(after.hits[il] - before.hits[il]) for il in trunk}
         assert got == want and 0 < sum(want.values()) < 8 * k * len(trunk)
+
+
+def test_a_decode_that_failed_in_a_take_says_where(tiny_qwen: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After fetch-split decodes that ran (every take answered), no layer is named as failed: the failed word
+    matches only the request a take gave up on. A failed decode whose take gave up (the engine names the layer; on
+    the CPU the device always answers, so the name is faked here) says so, and the reply's error shows it; any
+    other failure gives its code. The take's own timeout is tested by the op test (moe_fetch_op.cpp)."""
+    with Model(tiny_qwen, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        plan = SlotPlan.uniform(f.moe_layers, 12, f.n_expert)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        t = native_tier.NativeTier(m.ptr, plan, 8, SHARE, device=True, share=True)
+        try:
+            _script(ctx)
+            assert native_tier.take_failed(m.ptr) is None
+        finally:
+            t.close()
+        assert native_tier.take_failure(m.ptr) is None                  # another failure: its code is said
+        monkeypatch.setattr(native_tier, "take_failed", lambda ptr: 5)
+        said = native_tier.take_failure(m.ptr)
+        assert said is not None and "layer 5's inputs" in said and "--policy fetch-split" in said and "60 s" in said

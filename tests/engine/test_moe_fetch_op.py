@@ -18,4 +18,4 @@ def test_the_fetch_op_follows_its_contract_on_the_cpu(tmp_path: Path) -> None:
     exe = build_op_test(tmp_path, SOURCE, "moe_fetch_op")
     p = subprocess.run([str(exe), "--backend", "CPU"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert "11 passed, 0 failed" in p.stdout
+    assert "12 passed, 0 failed" in p.stdout
