@@ -113,6 +113,17 @@ def test_render_fixture(tb: ModuleType) -> None:
     assert "†" not in md
 
 
+def test_what_a_new_user_gets_after_the_self_check(tb: ModuleType) -> None:
+    """The defaults' lines: the default's first choice against the best named policy and llama.cpp's cache, and the
+    default after auto's self-check where the bench measured it (not counted as "the best")."""
+    cell = {"load": "pinned", "threads": 16, "routing": "uniform", "slots": 32}
+    ours = [dict(cell, policy="default", tok_s=65.3), dict(cell, policy="default, settled", tok_s=71.3),
+            dict(cell, policy="fetch-split", tok_s=70.8), dict(cell, policy="static", tok_s=65.9)]
+    lines = tb._defaults(ours, lambda load, t, routing, mib, test: 43.5 if mib == 3888 else 60.0, {32: 3888})
+    assert lines[2] == ("- pinned, 16 threads, 32 slots, uniform: default 65.3 tok/s = 0.92 of the best (fetch-split "
+                        "70.8), 1.50x llama.cpp's cache; after its self-check 71.3 tok/s = 1.01 of the best"), lines
+
+
 def test_collect_from_results_without_a_cache(tb: ModuleType, tmp_path: Path) -> None:
     """A CPU-only llama-bench (no cache sizes): moeslots' ratio is against llama.cpp without a cache, marked †."""
     raw = tmp_path / "raw"

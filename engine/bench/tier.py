@@ -15,7 +15,7 @@ import numpy as np
 from ...profiles.costs import CostModel
 from ...profiles.hybrid import ENGINE, FETCH, FETCH_SPLIT, simulate_hybrid
 from ...profiles.plan import plan_from_counts
-from ...profiles.policy import GPU_STEPPED, choose_policy, tier_slots
+from ...profiles.policy import GPU_STEPPED, Decision, decide_policy, tier_slots
 from ...profiles.repick import Picks
 from ...profiles.simulate import layer_counts
 from ..llm.model import Context, LoadOptions, Model, default_threads
@@ -24,6 +24,9 @@ from ..native import lib as native
 from ..native import replay, routing_stats
 from ..native.expert_cache import SlotPlan
 from ..native.tier import NativeTier, TierCounts, masks
+from ..runtime.autocheck import AutoCheck
+
+SETTLED = "default, settled"     # the default after auto's self-check (engine.autocheck), as the app has it
 
 
 @dataclasses.dataclass
@@ -58,7 +61,8 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     engine's tier deciding every token's uploads. The simulator runs the same rows from the same core, tier and
     costs. reps > 1: each policy's row is measured reps times, the policies taking turns in alternating order (a
     drift of the machine's speed over the run then reaches every policy alike); the row is the median, with the
-    range."""
+    range. "default" also gives a row SETTLED: the runner-up measured where auto's self-check would try it (a choice
+    slower than predicted, or a near tie), and the faster of the two, as the app settles after its first replies."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, not {reps}")
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
@@ -93,13 +97,14 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
             for s in slot_counts:
                 plan = SlotPlan(plan_from_counts(counts, s, moe))
                 tiers: dict[str, tuple[int, str, str]] = {}    # policy -> (tier, why, GPU-stepped kind or "")
+                decision: Decision | None = None
                 for pol in policies:
                     if pol == "default" and not gpu:                  # no GPU holds the slots: static
                         chosen, d, why = "static", 0, "static (the default without a GPU)"
                     elif pol in ("auto", "default"):
-                        chosen, d, why = choose_policy(Picks(prof, moe, f.n_expert), s, cost,
-                                                                  fetch=not (pack_host or mmap),
-                                                                  share=cal is not None and cal.share_ms > 0)
+                        decision = decide_policy(Picks(prof, moe, f.n_expert), s, cost, fetch=not (pack_host or mmap),
+                                                 share=cal is not None and cal.share_ms > 0)
+                        chosen, d, why = decision.policy, decision.tier, decision.why
                     else:
                         chosen, d, why = pol, tier_slots(pol, s, tier, used=f.n_expert_used), ""
                     tiers[pol] = (d, why, chosen if chosen in GPU_STEPPED else "")
@@ -112,11 +117,31 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                     row = dataclasses.replace(_median(runs[pol]), routing=name, policy=pol, chosen=tiers[pol][1])
                     rows.append(row)
                     log(render_tier_row(row))
+                    if pol == "default" and gpu and decision is not None:
+                        settled = _settle(decision, row, lambda p, d: _median([_one(
+                            m, ctx, plan, d, cost, toks, W, P, pack_host=pack_host,
+                            gpu=p if p in GPU_STEPPED else "") for _ in range(reps)]))
+                        rows.append(dataclasses.replace(settled, routing=name))
+                        log(render_tier_row(rows[-1]))
     finally:
         replay.set_replay(ctx.ptr, None)
         ctx.close()
         m.close()
     return rows
+
+
+def _settle(decision: Decision, first: TierRow, measure: Callable[[str, int], TierRow]) -> TierRow:
+    """auto's self-check on the default's measured row: where it would try the runner-up, that is measured too
+    (measure(policy, tier)), and the row kept is the one the check keeps; its `chosen` says what the check did."""
+    check = AutoCheck(decision, tokens=1)
+    n = 64                                          # tokens per trial: the check compares ms/token, not totals
+    keep = first
+    to = check.timed(n, n * first.ms_per_token_median / 1e3)
+    if to is not None:
+        second = measure(*to)
+        back = check.timed(n, n * second.ms_per_token_median / 1e3)
+        keep = first if back is not None else dataclasses.replace(second, chosen="")
+    return dataclasses.replace(keep, policy=SETTLED, chosen=check.line or "the check kept the choice")
 
 
 def _median(rows: list[TierRow]) -> TierRow:

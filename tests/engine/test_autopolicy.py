@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moeslots.engine.bench.tier import SETTLED, TierRow, _settle
 from moeslots.engine.machine import autocal, calibrate
 from moeslots.engine.runtime import autocheck
 from moeslots.engine.runtime.autocheck import AutoCheck
@@ -199,3 +200,31 @@ def test_doctor_lists_every_calibration_of_this_machine(tiny_glm: Path, cfg_home
     calibrate.save(dataclasses.replace(calibrate.load(), machine="another / GPU"))
     found = calibrate.load_all()
     assert [c.kind for c in found] == ["full", "first-run"] and found[1].threads == 2
+
+
+def _row(policy: str, tier: int, ms: float) -> TierRow:
+    return TierRow("uniform", 32, policy, tier, 1e3 / ms, ms, 0.5, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, ms)
+
+
+def test_the_benchs_settled_default_is_what_the_self_check_keeps() -> None:
+    """`bench repick --policy default` adds a "default, settled" row: where the app's self-check would try the
+    runner-up (here a near tie), the bench measures it and keeps the faster, as the app settles; a clear winner
+    that runs as predicted is kept without measuring anything else."""
+    tie = Decision("hybrid", 8, "why", (Scored("hybrid", 8, 14.44, 0.25), Scored("dynamic", 32, 14.44, 0.25),
+                                        Scored("fetch-split", 16, 14.91, 0.25), Scored("static", 0, 15.53, 0.25)))
+    asked: list[tuple[str, int]] = []
+
+    def measure(policy: str, tier: int) -> TierRow:
+        asked.append((policy, tier))
+        return _row(policy, tier, 14.02)
+
+    got = _settle(tie, _row("default", 8, 15.28), measure)
+    assert asked == [("fetch-split", 16)] and got.policy == SETTLED and got.tier == 16
+    assert got.ms_per_token_median == 14.02 and "kept the runner-up, fetch-split" in got.chosen, got.chosen
+    asked.clear()
+    slower = _settle(tie, _row("default", 8, 13.0), measure)          # the runner-up measured slower: back
+    assert asked == [("fetch-split", 16)] and slower.ms_per_token_median == 13.0 and "back to hybrid" in slower.chosen
+    asked.clear()
+    clear = Decision("fetch-split", 16, "why", (Scored("fetch-split", 16, 10.0, 0.5), Scored("static", 0, 15.0, 0.5)))
+    kept = _settle(clear, _row("default", 16, 10.2), measure)
+    assert not asked and kept.policy == SETTLED and kept.ms_per_token_median == 10.2 and kept.chosen.endswith("kept")
