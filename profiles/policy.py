@@ -195,7 +195,7 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
             f"the best tier ({pol}, {d} slots, est. {best.ms_per_token:.2f}) "
             f"{'saves' if gain > 0 else 'would save'} {100 * max(gain, 0):.1f} %, under {100 * min_gain:.0f} % "
             f"({scored}; uploads {cost.pcie_gbps:.1f} GB/s, CPU {cost.cpu_gbps:.1f} GB/s)"), ranked)
-    second = next((r for r in ranked if r.policy != pol), None)
+    second = Decision(pol, d, "", ranked).runner_up()      # the one auto's self-check would try
     return Decision(pol, d, (
         f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "
         f"{100 * static.hit_rate:.0f} %), est. {best.ms_per_token:.2f} ms/token"
