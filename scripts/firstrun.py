@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _replay_tables(what: str, model: Path, parts: int) -> list:
     """`parts` disjoint row ranges of one replay table (uniform random, or a trace's decode rows)."""
-    from moeslots.engine.llm.model import inspect_gguf
+    from moeslots.engine.llm.facts import inspect_gguf
     from moeslots.engine.native import replay
 
     f = inspect_gguf(model)

@@ -23,7 +23,8 @@ from typing import Callable
 import numpy as np
 
 from ...profiles.costs import CostModel
-from ..llm.model import Context, Model, ModelFacts
+from ..llm.facts import ModelFacts
+from ..llm.model import Context, Model
 from ..native import lib as native
 from ..native import replay
 from ..native.expert_cache import SlotPlan

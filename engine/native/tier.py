@@ -23,6 +23,7 @@ from .expert_cache import ERR_INPUT, CacheError, SlotPlan
 
 DECAY = 0.95          # profiles.hybrid.Tier's default: the simulator's
 TAKE_TIMEOUT_S = 60.0   # a fetch-split take waits microseconds for the GPU; this long, and the decode fails
+_TIMEOUT_S: dict[int, float] = {}   # model -> the take timeout its GPU-stepped tier was set with
 
 
 def _bind() -> ctypes.CDLL:
@@ -40,8 +41,6 @@ def _bind() -> ctypes.CDLL:
         L.llama_moeslots_tier_set_device.restype = ctypes.c_int32
         L.llama_moeslots_tier_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, ctypes.c_double,
                                                      ctypes.c_double, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
-        L.llama_moeslots_tier_take_failed.restype = ctypes.c_int32
-        L.llama_moeslots_tier_take_failed.argtypes = [ctypes.c_void_p]
     return L
 
 
@@ -60,6 +59,7 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
         msg = ctypes.create_string_buffer(512)
         rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, t_cpu, t_up, decay,
                                                         max(1, round(1e3 * take_timeout_s)), msg, len(msg)))
+        _TIMEOUT_S[model_ptr] = take_timeout_s
         if rc < 0:
             why = msg.value.decode(errors="replace") or f"code {rc}"
             raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
@@ -73,11 +73,13 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
 
 
 def take_failed(model_ptr: int) -> int | None:
-    """After a decode failed: the first layer whose CPU share gave up waiting for the GPU, or None."""
+    """After a decode failed: the first layer whose CPU share gave up waiting for the GPU, or None. Told once."""
     L = native.lib()
     if not native.hasattr_symbol(L, "llama_moeslots_tier_take_failed"):
         return None
-    il = int(_bind().llama_moeslots_tier_take_failed(model_ptr))
+    f = L.llama_moeslots_tier_take_failed
+    f.restype, f.argtypes = ctypes.c_int32, [ctypes.c_void_p]
+    il = int(f(model_ptr))
     return il if il >= 0 else None
 
 
@@ -86,8 +88,9 @@ def take_failure(model_ptr: int) -> str | None:
     il = take_failed(model_ptr)
     if il is None:
         return None
-    return (f"the GPU did not hand layer {il}'s inputs to the CPU's share of its experts within {TAKE_TIMEOUT_S:.0f} "
-            f"s (--policy fetch-split); the reply stopped there (--policy fetch leaves the CPU out)")
+    return (f"the GPU did not hand layer {il}'s inputs to the CPU's share of its experts within "
+            f"{_TIMEOUT_S.get(model_ptr, TAKE_TIMEOUT_S):g} s (--policy fetch-split); the reply stopped there "
+            f"(--policy fetch leaves the CPU out)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,8 @@ from ...profiles.simulate import resident_from_plan, simulate, static_hits, toke
 from ...profiles.trace import Trace, empty, from_ring, write_csv
 from ..api import Message
 from ..errors import EngineError
-from ..llm.model import Context, LoadOptions, Model, ModelFacts
+from ..llm.facts import ModelFacts
+from ..llm.model import Context, LoadOptions, Model
 from ..llm.mtp import sample
 from ..llm.template import render_chat
 from ..native import routing_stats

@@ -22,7 +22,7 @@ from .recent_routing import LayerView, layer_views
 from .record import whatif_line
 
 if TYPE_CHECKING:
-    from ..llm.model import ModelFacts
+    from ..llm.facts import ModelFacts
     from ..native.expert_cache import SlotPlan
 
 LOAD, SLOTS, POLICY = "load", "the slots changed", "the policy changed"      # what began a window

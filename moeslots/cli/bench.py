@@ -95,7 +95,8 @@ def cmd_mtp(a: argparse.Namespace) -> int:
 def cmd_repick(a: argparse.Namespace) -> int:
     from ..engine.bench import policies as repick
     from ..engine.bench import tier
-    from ..engine.llm.model import default_threads, inspect_gguf
+    from ..engine.llm.facts import inspect_gguf
+    from ..engine.llm.model import default_threads
     from ..engine.machine import autocal, calibrate
     from ..profiles.policy import GPU_STEPPED, POLICIES
 

@@ -86,7 +86,7 @@ def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path,
 
 def _calibrated(cfg_home: Path, tiny_glm: Path) -> None:
     """A stored first-run calibration whose uploads are cheap (a tier wins) for tiny_glm at 2 threads, pageable."""
-    from moeslots.engine.llm.model import inspect_gguf
+    from moeslots.engine.llm.facts import inspect_gguf
 
     shape = autocal.shape_of(inspect_gguf(tiny_glm))
     calibrate.save(calibrate.Calibration(

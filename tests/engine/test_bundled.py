@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from moeslots.engine.api import Message
-from moeslots.engine.llm.model import Context, LoadOptions, Model, inspect_gguf
+from moeslots.engine.llm.facts import inspect_gguf
+from moeslots.engine.llm.model import Context, LoadOptions, Model
 from moeslots.engine.llm.template import render_chat
 from moeslots.engine.machine import bundled
 from moeslots.profiles.profile import from_trace

@@ -11,7 +11,7 @@ import pytest
 from ggufs import write_moe  # (tests/ is on sys.path)
 
 from moeslots.engine.llm import ggufhead
-from moeslots.engine.llm.model import inspect_gguf
+from moeslots.engine.llm.facts import inspect_gguf
 from moeslots.engine.machine import discovery
 from moeslots.engine.machine.hardware import GiB, Gpu
 

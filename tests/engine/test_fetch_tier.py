@@ -16,6 +16,7 @@ import pytest
 from exactness import _tokens
 from test_native_tier import CHAT, CHUNKS, ON_GPU, PACK_HOST, _same, _script, stepped_counts
 
+from moeslots.engine.errors import EngineError
 from moeslots.engine.llm.model import Context, LoadOptions, Model
 from moeslots.engine.native import replay
 from moeslots.engine.native import routing_stats as stats_mod
@@ -244,8 +245,9 @@ def test_stats_count_each_batch_once_and_where_it_was_served(tiny_glm: Path) -> 
 def test_a_decode_that_failed_in_a_take_says_where(tiny_qwen: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After fetch-split decodes that ran (every take answered), no layer is named as failed: the failed word
     matches only the request a take gave up on. A failed decode whose take gave up (the engine names the layer; on
-    the CPU the device always answers, so the name is faked here) says so, and the reply's error shows it; any
-    other failure gives its code. The take's own timeout is tested by the op test (moe_fetch_op.cpp)."""
+    the CPU the device always answers, so the failure and the name are faked here) says so, and the context waits for
+    the device's queued work before its next decode; any other failure gives its code and waits for nothing. The
+    take's own timeout is tested by the op test (moe_fetch_op.cpp)."""
     with Model(tiny_qwen, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
         f = m.facts
         plan = SlotPlan.uniform(f.moe_layers, 12, f.n_expert)
@@ -257,6 +259,22 @@ def test_a_decode_that_failed_in_a_take_says_where(tiny_qwen: Path, monkeypatch:
         finally:
             t.close()
         assert native_tier.take_failure(m.ptr) is None                  # another failure: its code is said
+        # a decode that fails in a take: the reason, and the device's queued work waited for before the next decode
+        # (a late publish of the failed one must not feed it); any other failure: its code, and no wait
+        L = m._L
+        real_decode, real_sync = L.llama_decode, L.llama_synchronize
+        synced: list[int] = []
+        monkeypatch.setattr(L, "llama_synchronize", lambda ptr: synced.append(1) or real_sync(ptr))
+        monkeypatch.setattr(L, "llama_decode", lambda ptr, b: -3)
+        with pytest.raises(EngineError, match="llama_decode failed with code -3"):
+            ctx.decode([1])
+        assert not ctx.sync_first
         monkeypatch.setattr(native_tier, "take_failed", lambda ptr: 5)
-        said = native_tier.take_failure(m.ptr)
-        assert said is not None and "layer 5's inputs" in said and "--policy fetch-split" in said and "60 s" in said
+        with pytest.raises(EngineError, match="layer 5's inputs .* within 60 s \\(--policy fetch-split\\)"):
+            ctx.decode([1])
+        assert ctx.sync_first and not synced
+        monkeypatch.setattr(L, "llama_decode", real_decode)
+        ctx.decode([1])
+        assert synced == [1] and not ctx.sync_first
+        ctx.decode([2])
+        assert synced == [1]

@@ -10,8 +10,9 @@ import pytest
 from specs import KQ_GLM, TINY_GLM
 
 from moeslots.engine import synth
+from moeslots.engine.llm.facts import inspect_gguf
 from moeslots.engine.llm.generate import greedy_stream, open_model
-from moeslots.engine.llm.model import Context, LoadOptions, Model, inspect_gguf
+from moeslots.engine.llm.model import Context, LoadOptions, Model
 
 
 def test_q4_k_blocks_are_zero_mean_with_the_asked_std() -> None:

@@ -119,7 +119,7 @@ def test_the_window_counts_trunk_rows_since_its_mark_and_survives_a_stats_reset(
     """Window on synthetic counters: only the trunk's MoE layers count (not the NextN block's picks), per decoded
     row; the ring rows it simulates are the window's decode rows of the trunk; counters below the baseline (a stats
     reset) start it again from zero rather than go negative."""
-    from moeslots.engine.llm.model import inspect_gguf
+    from moeslots.engine.llm.facts import inspect_gguf
     from moeslots.engine.runtime.window_stats import SLOTS, Window
 
     w = Window(inspect_gguf(tiny_glm), 4)
