@@ -6,7 +6,8 @@
 #   2. MUL_MAT_ID with negative ids over CUDA0 (tests/engine/mmid_op.cpp, the small shape);
 #   3. every policy's logits against static's for decode batches of 1 to 8 tokens (moeslots.engine.bench.policycheck,
 #      the bundled model and the tiny qwen3moe the tests write), allowed 1.5x the gap between stock's two placements
-#      (all experts on the GPU, all in host memory).
+#      (all experts on the GPU, all in host memory); and, on the bundled model (it has a NextN block), MTP greedy
+#      decoding with 3 drafts under each policy giving static's tokens as long as stock's placements agree.
 # CI runs the CPU twins (tests/engine/test_moe_fetch_op.py, test_mmid_op.py, test_policycheck.py).
 # Usage (repository root): bash scripts/h200/policy-check.sh; WAIT (600) bounds the wait for the engine's build.
 # Results: $OUT/policy-check.txt, ending with "policy-check: N of M steps passed".
