@@ -7,11 +7,14 @@
 #       times in a row at each of CAL_THREADS (16,6), pinned: how far its readings agree. Waits up to WAIT s (540)
 #       for the builds.
 #   STAGE=run bash scripts/h200/defaults.sh     # scripts/sidebyside/run.sh (its default column: the first-run
-#       calibration, then auto) over LOADS (pinned) x THREADS (16,6) x ROUTING (random tokens and the donor chat
-#       trace), detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
+#       calibration, then auto, and the default after auto's self-check) over LOADS (pinned) x THREADS (16,6) x
+#       ROUTING (random tokens and the donor chat trace), each moeslots row REPS (2) times with the policies taking
+#       turns (a cell moves 5-10 % between single runs on this box: "within 5 % of the best" needs the medians),
+#       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest. Run the build
+#       stage alone first: a calibration beside a compiler measures the compiler.
 set -u
 . "$(dirname "$0")/common.sh"
-STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-1}
+STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
 ROUTING=${ROUTING:-random,$R/profiles/data/moeslots-donor-qwen3-30b-a3b-chat-sampled.npz}
 L=/tmp/llb; START=$(date +%s)
 {
