@@ -3,15 +3,14 @@
 # "What you get with no flags"). From the repository root, with the engine's source in .export/ and llama.cpp's in
 # .llb/llamacpp-b11549.tar.xz (scripts/sidebyside/prepare.sh):
 #   STAGE=build bash scripts/h200/defaults.sh   # the CUDA engine and llama-bench built side by side (llama-bench
-#       niced), the 30B-A3B-shape qwen3moe written; then, once the engine is in, the first-run calibration CALS (3)
-#       times in a row at each of CAL_THREADS (16,6), pinned: how far its readings agree. Waits up to WAIT s (540)
-#       for the builds.
+#       niced), the 30B-A3B-shape qwen3moe written; then, once both are built (a calibration beside the compiler
+#       measures the compiler), the first-run calibration CALS (3) times in a row at each of CAL_THREADS (16,6),
+#       pinned: how far its readings agree. Waits up to WAIT s (540) for the builds.
 #   STAGE=run bash scripts/h200/defaults.sh     # scripts/sidebyside/run.sh (its default column: the first-run
 #       calibration, then auto, and the default after auto's self-check) over LOADS (pinned) x THREADS (16,6) x
 #       ROUTING (random tokens and the donor chat trace), each moeslots row REPS (2) times with the policies taking
 #       turns (a cell moves 5-10 % between single runs on this box: "within 5 % of the best" needs the medians),
-#       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest. Run the build
-#       stage alone first: a calibration beside a compiler measures the compiler.
+#       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
@@ -28,7 +27,10 @@ if [ "$STAGE" = build ]; then
       && mv /tmp/big.part.gguf /tmp/big.gguf ); tail -2 $B/synth-big.txt; }
   while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 5; done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
-  if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
+  # (a calibration beside the compiler measures the compiler: llama-bench's build ends first)
+  while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && [ ! -x $L/build/bin/llama-bench ] \
+        && ! grep -q "llb rc" $B/llb-build.txt 2>/dev/null; do sleep 5; done
+  if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ] && ! pgrep -f "cmake --build" > /dev/null; then
     # how far first-run calibrations in a row agree: CALS of them at each of CAL_THREADS, experts pinned
     (cd /tmp && timeout $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P $R/scripts/h200/layer_trace.py \
         /tmp/big.gguf ${CAL_THREADS:-16,6} - 48 ${CALS:-3} 2>&1 | grep -v "^llama\|^load\|^print_info" \
