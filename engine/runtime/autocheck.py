@@ -36,12 +36,13 @@ class Trial:
 class AutoCheck:
     """The state of one `auto` decision's check: "checking" the choice, "trying" the runner-up, "settled"."""
 
-    def __init__(self, decision: Decision, tokens: int | None = None, slow: float = SLOW, tie: float = TIE) -> None:
+    def __init__(self, decision: Decision, tokens: int | None = None, slow: float = SLOW,
+                 tie: float | None = None) -> None:
         self.first = Trial(decision.policy, decision.tier, decision.predicted_ms)
         ru = decision.runner_up()
         self.second = Trial(ru.policy, ru.tier, ru.ms_per_token) if ru is not None else None
         self.tokens, self.slow = tokens or CHECK_TOKENS, slow
-        self.tie_share = tie
+        self.tie_share = tie = TIE if tie is None else tie
         self.near_tie = self.second is not None and self.second.predicted_ms <= (1 + tie) * self.first.predicted_ms
         self.state = "checking" if self.first.predicted_ms > 0 else "settled"
         self.line = ""                       # the last verdict, for the user

@@ -95,15 +95,19 @@ def _calibrated(cfg_home: Path, tiny_glm: Path) -> None:
         shape=shape, memory="pageable"))
 
 
-@pytest.mark.parametrize("runner_up_faster", [True, False])
+@pytest.mark.parametrize("first_x,runner_up_faster,near_tie", [(10, True, False), (10, False, False),
+                                                                 (1, True, True)],
+                         ids=["slow, runner-up faster", "slow, runner-up slower", "as predicted, a near tie"])
 def test_auto_tries_the_runner_up_when_its_choice_is_slow(tiny_glm: Path, tmp_path: Path, cfg_home: Path,
-                                                         monkeypatch: pytest.MonkeyPatch,
-                                                         runner_up_faster: bool) -> None:
+                                                         monkeypatch: pytest.MonkeyPatch, first_x: float,
+                                                         runner_up_faster: bool, near_tie: bool) -> None:
     """A fake clock makes the chosen policy decode 10x slower than predicted: after CHECK_TOKENS the runner-up takes
     over at the next reply, and after as many more tokens the faster of the two as measured stays (the runner-up,
-    or back to the first choice when the runner-up is slower still); each step is said once."""
+    or back to the first choice when the runner-up is slower still); each step is said once. The same when the
+    choice runs as predicted but its runner-up was predicted as close as a near tie (here: every runner-up is)."""
     _calibrated(cfg_home, tiny_glm)
     monkeypatch.setattr(autocheck, "CHECK_TOKENS", 24)
+    monkeypatch.setattr(autocheck, "TIE", 1e9 if near_tie else 0.0)
     prof = _profile(tmp_path / "p.csv")
     e = Engine(EngineConfig(model=tiny_glm, threads=2, pack_host=True, mtp=False, slots=6, profile=prof,
                             policy="auto", max_tokens=16, calibrate="off", mmap=True))
@@ -112,7 +116,7 @@ def test_auto_tries_the_runner_up_when_its_choice_is_slow(tiny_glm: Path, tmp_pa
         assert d is not None and d.policy != "static" and d.runner_up() is not None, d
         first, second = d.policy, d.runner_up()
         assert second is not None
-        slow = {first: 10 * d.predicted_ms, second.policy: (0.5 if runner_up_faster else 20) * d.predicted_ms}
+        slow = {first: first_x * d.predicted_ms, second.policy: (0.5 if runner_up_faster else 20) * d.predicted_ms}
         clock = {"now": 0.0, "seen": 0}
 
         def fake() -> float:                      # ms per token by the policy in force, for every token added
@@ -131,7 +135,7 @@ def test_auto_tries_the_runner_up_when_its_choice_is_slow(tiny_glm: Path, tmp_pa
     finally:
         e.close()
     assert policies[0] == first and second.policy in policies, (policies, said)
-    assert any("trying the runner-up" in n for n in said), said
+    assert any("trying the runner-up" in n and (("predicted within" in n) == near_tie) for n in said), said
     if runner_up_faster:
         assert policies[-1] == second.policy and any(n.startswith("auto: kept the runner-up") for n in said), said
     else:
