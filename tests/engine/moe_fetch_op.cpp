@@ -243,6 +243,18 @@ struct stage_mem {
         return ggml_backend_tensor_alloc(buf, ids, base) == GGML_STATUS_SUCCESS;
     }
     volatile uint32_t * words() const { return (volatile uint32_t *) base; }
+    // a one-row stage (k = 2, n_embd = 4, as the take cases below make it) holding the picks { 5, 9 } and the host
+    // plane { -1, 9 }, its request word and a done word
+    bool init_one_row(uint32_t request, uint32_t done) {
+        if (!init(ggml_backend_cpu_buffer_type(), 2, 1, 4)) {
+            return false;
+        }
+        const int32_t v[4] = { 5, 9, -1, 9 };
+        memcpy(base + ggml_moe_fetch_stage_offset(2, 1, 4, GGML_MOE_FETCH_STAGE_IDS), v, sizeof(v));
+        words()[0] = request;
+        words()[1] = done;
+        return true;
+    }
     ~stage_mem() {
         if (buf) ggml_backend_buffer_free(buf);
         if (ctx) ggml_free(ctx);
@@ -517,15 +529,10 @@ int main(int argc, char ** argv) {
     {
         // a take waits for its done word: not done after 50 ms of a stale one, done once the word matches
         stage_mem stage;
-        bool ok = stage.init(ggml_backend_cpu_buffer_type(), 2, 1, 4);
+        bool ok = stage.init_one_row(7, 6);
         std::atomic<bool> finished{false};
         std::vector<int32_t> got;
         if (ok) {
-            int32_t * s_ids = (int32_t *) (stage.base + ggml_moe_fetch_stage_offset(2, 1, 4, GGML_MOE_FETCH_STAGE_IDS));
-            const int32_t v[4] = { 5, 9, -1, 9 };
-            memcpy(s_ids, v, sizeof(v));
-            stage.words()[0] = 7;
-            stage.words()[1] = 6;
             std::thread th([&] { got = run_take(cpu, stage.ids, 2, 1, 1); finished = true; });
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             const bool early = finished.load();
@@ -541,14 +548,9 @@ int main(int argc, char ** argv) {
         // the node after it does not run, and the stage's failed word names the request; the same stage answered
         // then gives a good graph again
         stage_mem stage;
-        bool ok = stage.init(ggml_backend_cpu_buffer_type(), 2, 1, 4);
+        bool ok = stage.init_one_row(12, 11);
         std::string why;
         if (ok) {
-            int32_t * s_ids = (int32_t *) (stage.base + ggml_moe_fetch_stage_offset(2, 1, 4, GGML_MOE_FETCH_STAGE_IDS));
-            const int32_t v[4] = { 5, 9, -1, 9 };
-            memcpy(s_ids, v, sizeof(v));
-            stage.words()[0] = 12;
-            stage.words()[1] = 11;
             ggml_status st = GGML_STATUS_SUCCESS;
             std::vector<int32_t> after;
             const auto t0 = std::chrono::steady_clock::now();
