@@ -59,7 +59,10 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
         msg = ctypes.create_string_buffer(512)
         rc = int(_bind().llama_moeslots_tier_set_device(model_ptr, n_tier, t_cpu, t_up, decay,
                                                         max(1, round(1e3 * take_timeout_s)), msg, len(msg)))
-        _TIMEOUT_S[model_ptr] = take_timeout_s
+        if n_tier > 0:
+            _TIMEOUT_S[model_ptr] = take_timeout_s
+        else:
+            _TIMEOUT_S.pop(model_ptr, None)             # (no tier: no take can fail; a freed model's address reused)
         if rc < 0:
             why = msg.value.decode(errors="replace") or f"code {rc}"
             raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
