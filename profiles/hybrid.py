@@ -7,7 +7,8 @@ the simulator predicts what the engine does (its hits, uploads and CPU misses ex
 
 Timing model per decode token: the GPU's work (base + resident picks), and per layer its misses split between the
 CPU (slab / CPU GB/s each) and synchronous uploads (slab / PCIe GB/s each), which run concurrently, so a layer
-costs max(CPU part, upload part); the split that minimises it uploads m * t_cpu / (t_cpu + t_up) of m misses.
+costs max(CPU part, upload part); the split that minimises it uploads m * t_cpu / (t_cpu + t_up) of m misses. From
+pageable memory (cost.serial_uploads) the two parts add: the engine splits the same way, and pays the sum.
 Prefetches use the PCIe time left over in the token, best-scored misses first. The tier evicts by decayed pick
 frequency (recency and frequency in one score); a prefetch is admitted only when it outscores the weakest tier entry
 not picked by this token.
@@ -259,7 +260,8 @@ class Tier:
                       else up * self.t_fetch)
             return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu + float(np.sum(copies))
                     + float(up.sum()) * self.t_gpu)
-        per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
+        per_layer = (np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap and not cost.serial_uploads
+                     else up * self.t_up + c * self.t_cpu)
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 
     def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,

@@ -97,7 +97,7 @@ class Calibration:
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_at(threads), pcie_gbps=pcie,
                          base_ms=self.base_at(threads), fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
                          share_ms=self.share_ms or CostModel.share_ms, fetch_base_ms=self.fetch_base_ms,
-                         share_cpu_gbps=self.share_cpu_gbps)
+                         share_cpu_gbps=self.share_cpu_gbps, serial_uploads=not pinned)
 
     def cpu_at(self, threads: int | None) -> float:
         """The CPU expert rate at `threads`: as measured there, else linear between the nearest thread counts
