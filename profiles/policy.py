@@ -194,7 +194,9 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
             f"static: {100 * static.hit_rate:.0f} % hits at {slots} slots, est. {static.ms_per_token:.2f} ms/token; "
             f"the best tier ({pol}, {d} slots, est. {best.ms_per_token:.2f}) "
             f"{'saves' if gain > 0 else 'would save'} {100 * max(gain, 0):.1f} %, under {100 * min_gain:.0f} % "
-            f"({scored}; uploads {cost.pcie_gbps:.1f} GB/s, CPU {cost.cpu_gbps:.1f} GB/s)"), ranked)
+            f"({scored}; uploads {cost.pcie_gbps:.1f} GB/s"
+            f"{', from pageable memory: they add to the CPU part' if cost.serial_uploads else ''}, "
+            f"CPU {cost.cpu_gbps:.1f} GB/s)"), ranked)
     second = Decision(pol, d, "", ranked).runner_up()      # the one auto's self-check would try
     return Decision(pol, d, (
         f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "

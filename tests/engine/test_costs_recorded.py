@@ -97,4 +97,4 @@ def test_uploads_from_pageable_memory_add_to_the_cpus_work(threads: int) -> None
         full = _rows()
         for slots in (32, 64):
             d = decide_policy(Picks(full[:PROFILE_ROWS], LAYERS, N_EXPERT), slots, cost, fetch=False)
-            assert d.policy == "static", d.why
+            assert d.policy == "static" and "from pageable memory: they add to the CPU part" in d.why, d.why
