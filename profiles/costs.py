@@ -27,9 +27,11 @@ both sides read the same DRAM). The engine splits a fetch-split tier's misses by
 Uploads from pageable memory (an mmap'ed model) do not overlap the CPU's experts: an asynchronous copy from pageable
 memory returns only once the driver has staged it through its own pinned buffer, and the host tier's step (patch
 0007) queues its copies before the layer's CPU half starts, so a layer costs its uploads plus its CPU part
-(serial_uploads). Measured on the H100 box (30B-A3B shape,
-mmap, 6 threads, uniform routing, 8 tier slots of 32): hybrid 44.7 ms/token, against 49.3 summed and 32.1 overlapped;
-from pinned memory the same rows run as overlapped (21.0 ms against 20.7).
+(serial_uploads), and the host tier's split minimises that sum (profiles.hybrid.rule_costs). Measured on the H100
+box (30B-A3B shape, mmap, 6 threads, uniform routing, 8 tier slots of 32, the overlapped split): hybrid 44.7
+ms/token, against 49.4 summed and 32.1 overlapped; from pinned memory the same rows run as overlapped (21.0 ms
+against 20.7). A tier whose pack is in host memory copies synchronously too; its costs come from no GPU
+calibration and keep the overlapped model.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ the simulator predicts what the engine does (its hits, uploads and CPU misses ex
 Timing model per decode token: the GPU's work (base + resident picks), and per layer its misses split between the
 CPU (slab / CPU GB/s each) and synchronous uploads (slab / PCIe GB/s each), which run concurrently, so a layer
 costs max(CPU part, upload part); the split that minimises it uploads m * t_cpu / (t_cpu + t_up) of m misses. From
-pageable memory (cost.serial_uploads) the two parts add: the engine splits the same way, and pays the sum.
+pageable memory (cost.serial_uploads) the two parts add, and the least sum uploads every miss it can or none
+(rule_costs: the engine gets the same weights).
 Prefetches use the PCIe time left over in the token, best-scored misses first. The tier evicts by decayed pick
 frequency (recency and frequency in one score); a prefetch is admitted only when it outscores the weakest tier entry
 not picked by this token.
@@ -126,9 +127,22 @@ def share_copies(misses: int, ratio: float, room: int) -> int:
 
 
 def expert_ms(cost: CostModel) -> tuple[float, float]:
-    """One expert computed on the CPU and one uploaded, in ms: the two costs the rule splits misses by (the engine's
-    tier gets these same numbers: engine.native_tier)."""
+    """One expert computed on the CPU and one uploaded, in ms."""
     return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
+
+
+NEVER = 1e9     # rule_costs' weight of the side a serial split never takes
+
+
+def rule_costs(cost: CostModel) -> tuple[float, float]:
+    """The two weights best_split divides a layer's misses by (the engine's tier gets these same numbers:
+    engine.native_tier): expert_ms where uploads overlap the CPU's work. Where they add to it (cost.serial_uploads)
+    the least sum is all or nothing: every miss the tier has room for when an upload costs less than a CPU expert,
+    else none, which best_split gives from weights (NEVER, 1) and (1, NEVER)."""
+    t_cpu, t_up = expert_ms(cost)
+    if not cost.serial_uploads:
+        return t_cpu, t_up
+    return (NEVER, 1.0) if t_up < t_cpu else (1.0, NEVER)
 
 
 class Tier:
@@ -147,6 +161,7 @@ class Tier:
         self.score = np.zeros(core.shape)
         self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
         self.t_cpu, self.t_up = expert_ms(cost)
+        self.w_cpu, self.w_up = rule_costs(cost)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
         self.t_share, self.t_fetch = share_costs(cost)
         self.ratio = share_ratio(cost)
@@ -276,7 +291,7 @@ class Tier:
             elif self.mech.device:
                 u = min(self.cap, idx.size)                         # every miss, while entries last
             elif self.overlap:
-                u = best_split(idx.size, self.t_cpu, self.t_up, self.cap)
+                u = best_split(idx.size, self.w_cpu, self.w_up, self.cap)
             else:
                 u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0
             placed = 0

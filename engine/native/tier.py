@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from ...profiles.costs import CostModel
-from ...profiles.hybrid import expert_ms, share_costs
+from ...profiles.hybrid import rule_costs, share_costs
 from . import lib as native
 from .expert_cache import ERR_INPUT, CacheError, SlotPlan
 
@@ -67,7 +67,7 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
             why = msg.value.decode(errors="replace") or f"code {rc}"
             raise CacheError(f"the engine refused a GPU-stepped tier of {n_tier} slots per layer: {why}", rc)
         return rc
-    t_cpu, t_up = expert_ms(cost) if cost is not None else (1.0, 1.0)
+    t_cpu, t_up = rule_costs(cost) if cost is not None else (1.0, 1.0)
     rc = int(_bind().llama_moeslots_tier_set(model_ptr, n_tier, t_cpu, t_up, decay))
     if rc < 0:
         raise CacheError(f"the engine refused a tier of {n_tier} slots per layer (a layer with fewer slots, a re-pick "

@@ -213,11 +213,11 @@ def _defaults(ours: list[dict[str, Any]], lk: Any, cache_of: dict[int, int]) -> 
             (t for t in ("tg64", "tg96", "tg128") if lk(r["load"], r["threads"], routing, 0, t)), "tg64"))
         out.append(f"- {r['load']}, {r['threads']} threads, {r['slots']} slots, {r['routing']}: default "
                    f"{_fmt(r['tok_s'])} tok/s = {r['tok_s'] / best['tok_s']:.2f} of the best ({best['policy']} "
-                   f"{_fmt(best['tok_s'])})" + (f", {r['tok_s'] / ref:.2f}x llama.cpp's cache" if ref else "")
+                   f"{_fmt(best['tok_s'])}" + (f"; static measured once before the turns {_fmt(once['tok_s'])}, the "
+                                              f"default {r['tok_s'] / once['tok_s']:.2f} of it" if once else "")
+                   + ")" + (f", {r['tok_s'] / ref:.2f}x llama.cpp's cache" if ref else "")
                    + (f"; after its self-check {_fmt(settled['tok_s'])} tok/s = "
-                      f"{settled['tok_s'] / best['tok_s']:.2f} of the best" if settled else "")
-                   + (f" (static measured once before the turns: {_fmt(once['tok_s'])}, the default "
-                      f"{r['tok_s'] / once['tok_s']:.2f} of it)" if once else ""))
+                      f"{settled['tok_s'] / best['tok_s']:.2f} of the best" if settled else ""))
     return ["", "What a new user gets (no --policy, a fresh config: the first-run calibration, then auto):"] + out \
         if out else []
 

@@ -27,6 +27,10 @@ CHAT = ROOT / "profiles/data/moeslots-tiny-glm4moe-chat.csv"
 EVEN = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)      # half the misses go up
 CHEAP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1e3, gpu_gbps=1000.0, base_ms=1.0)     # every miss goes up
 DEAR = CostModel(slab_mb=1.0, cpu_gbps=10.0, pcie_gbps=1e-6, gpu_gbps=1000.0, base_ms=0.0)    # none does
+# uploads from pageable memory add to the CPU's work: all that fit go up when one costs less than a CPU expert...
+SERIAL_UP = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=2.0, gpu_gbps=1000.0, base_ms=1.0, serial_uploads=True)
+# ...and none when it costs more (where EVEN's overlapped split sends half)
+SERIAL_NONE = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=0.9, gpu_gbps=1000.0, base_ms=1.0, serial_uploads=True)
 CHUNKS = [1, 2, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 8, 1, 1, 1]
 # MOESLOTS_TEST_PACK=gpu (a CUDA engine): the pack and the tier's uploads on the GPU. Placement counts must then
 # still equal the simulator's; logits agree with stock to GPU rounding (the GPU computes the slots' experts), not bits.
@@ -102,7 +106,8 @@ def _replayed(m: Model, ctx: Context, plan: SlotPlan, tier: int, cost: CostModel
         t.close()
 
 
-@pytest.mark.parametrize("cost", [EVEN, CHEAP, DEAR], ids=["even", "cheap", "dear"])
+@pytest.mark.parametrize("cost", [EVEN, CHEAP, DEAR, SERIAL_UP, SERIAL_NONE],
+                         ids=["even", "cheap", "dear", "serial-up", "serial-none"])
 @pytest.mark.parametrize("slots,tier", [(8, 3), (8, 8)])
 def test_the_simulator_predicts_the_engine(tiny_glm: Path, cost: CostModel, slots: int, tier: int) -> None:
     """The bundled chat trace replayed, positions 8.. decoded one token at a time: the engine's core hits, tier hits,
@@ -126,10 +131,13 @@ def test_the_simulator_predicts_the_engine(tiny_glm: Path, cost: CostModel, slot
         assert c.uploads == round(sim.sync_uploads_per_token * n)
         assert c.cpu == round(sim.cpu_picks_per_token * n)
         assert st.hit_rate == pytest.approx(sim.hit_rate, abs=1e-12)
-        if cost is DEAR:
+        if cost is DEAR or cost is SERIAL_NONE:
             assert c.uploads == 0 and c.bytes == 0
         else:
             assert c.uploads > 10 and c.bytes == c.uploads * f.slab_bytes
+        if cost is SERIAL_UP:                           # every miss the tier has room for: none left beside one
+            assert c.uploads > round(simulate_hybrid(P, core, tier, EVEN, initial=first, mech=NATIVE)
+                                     .sync_uploads_per_token * n)
 
 
 def test_the_tier_owns_its_slots(tiny_glm: Path) -> None:
