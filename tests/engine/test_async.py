@@ -1,7 +1,7 @@
 """Patch 0002: the host chain reads copies of its inputs taken before the GPU chain is queued (overlap on a GPU).
 The math must not change: logits with the overlap on and off are bit-identical, also over 4,000 decode steps
-with the switch flipped every 97 steps (42 switches, each rebuilding the graphs); switching rebuilds graphs and keeps the chat; the engine starts no
-threads of its own for it."""
+with the switch flipped every 97 steps (42 switches); switching rebuilds graphs and keeps the chat; the engine
+starts no threads of its own for it."""
 
 from __future__ import annotations
 
