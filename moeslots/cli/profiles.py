@@ -140,6 +140,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if train is not None:
         _check_same_model(train, test, a.train, a.trace)
     _slots_for(a.slots, max(test.n_expert, train.n_expert if train else 0), a.trace)
+    if a.pcie_gbps is None:
+        a.pcie_gbps = CostModel.h200(pinned=not a.pageable).pcie_gbps
     rates = {"--slab-mb": a.slab_mb, "--cpu-gbps": a.cpu_gbps, "--pcie-gbps": a.pcie_gbps, "--gpu-gbps": a.gpu_gbps,
              "--fetch-gbps": a.fetch_gbps}
     bad = [f"{k} {v}" for k, v in rates.items() if not v > 0]
@@ -151,7 +153,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
             and a.hybrid is None):
         raise UserError(f"--mechanism {a.mechanism} goes with --policy hybrid or dynamic (the tier sweep)")
     cost = CostModel(slab_mb=a.slab_mb, cpu_gbps=a.cpu_gbps, pcie_gbps=a.pcie_gbps, gpu_gbps=a.gpu_gbps,
-                     base_ms=a.base_ms, fetch_gbps=a.fetch_gbps, share_ms=a.share_ms)
+                     base_ms=a.base_ms, fetch_gbps=a.fetch_gbps, share_ms=a.share_ms, serial_uploads=a.pageable)
     if a.union:
         try:
             u = sim.distinct_per_batch(test, a.slots, train=train, max_batch=a.union)
@@ -217,8 +219,9 @@ def _simulate_hybrid(a: argparse.Namespace, test, train, cost: CostModel, tiers_
            "fetch-split": f"fetch-split (--policy fetch-split): the GPU steps the tier and reads part of each layer's "
                           f"misses at {cost.fetch_gbps} GB/s while the CPU computes the others, {cost.share_ms} ms a "
                           "layer for the split",
-           }.get(a.mechanism, "ideal: misses split between CPU and uploads now by cost, overlapped; prefetches "
-                 "resident from the next token")
+           }.get(a.mechanism, "ideal: misses split between CPU and uploads now by cost, "
+                 + ("one after the other (pageable)" if cost.serial_uploads else "overlapped")
+                 + "; prefetches resident from the next token")
     print(f"costs: slab {cost.slab_mb} MB, CPU {cost.cpu_gbps} GB/s, PCIe {cost.pcie_gbps} GB/s, GPU "
           f"{cost.gpu_gbps} GB/s, base {cost.base_ms} ms; {how}")
     print("| core + tier | policy | hit % | uploads now/token | prefetched/token | CPU experts/token | est. ms/token |")
@@ -275,8 +278,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     h200 = CostModel()               # the defaults every estimate uses without a calibration (profiles/costs.py)
     si.add_argument("--slab-mb", type=float, default=h200.slab_mb, help="bytes of one expert (gate+up+down), MB")
     si.add_argument("--cpu-gbps", type=float, default=h200.cpu_gbps)
-    si.add_argument("--pcie-gbps", type=float, default=h200.pcie_gbps,
-                    help="uploads (default: the H200 box's from pinned memory; pageable: 5.3)")
+    si.add_argument("--pcie-gbps", type=float, default=None,
+                    help="uploads (default: the H200 box's, 25.6 from pinned memory, 5.3 with --pageable)")
+    si.add_argument("--pageable", action="store_true", help="the experts are mmap'ed: uploads come from pageable "
+                    "memory and add to the CPU's work instead of overlapping it")
     si.add_argument("--gpu-gbps", type=float, default=h200.gpu_gbps)
     si.add_argument("--fetch-gbps", type=float, default=h200.fetch_gbps,
                     help="--mechanism fetch: the GPU reading pinned host memory itself (default: the H200 box's)")

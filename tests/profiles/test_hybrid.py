@@ -138,6 +138,15 @@ def test_cli_simulate_hybrid(tmp_path: Path) -> None:
     assert "the engine's mechanism" in alias.stdout
     ideal = run("--slots", "16", "--policy", "dynamic", "--mechanism", "ideal", "--slab-mb", "0.035")
     assert ideal.returncode == 0 and "| 0 + 16 | dynamic |" in ideal.stdout and "ideal:" in ideal.stdout
+    # mmap'ed experts: uploads from pageable memory (5.3 GB/s by default) add to the CPU's work, and cost more than
+    # a CPU expert at 10 GB/s: the split uploads none, where overlapped at the same rate it uploads some
+    paged = run("--slots", "16", "--hybrid", "8", "--slab-mb", "0.035", "--cpu-gbps", "10", "--pageable")
+    over = run("--slots", "16", "--hybrid", "8", "--slab-mb", "0.035", "--cpu-gbps", "10", "--pcie-gbps", "5.3")
+    assert paged.returncode == 0 == over.returncode, paged.stderr + over.stderr
+    assert "PCIe 5.3 GB/s" in paged.stdout and "PCIe 5.3 GB/s" in over.stdout
+    up = {name: float(next(ln for ln in r.stdout.splitlines() if ln.startswith("| 8 + 8")).split("|")[4])
+          for name, r in (("paged", paged), ("over", over))}
+    assert up["paged"] == 0 < up["over"], up
     mixed = run("--slots", "16", "--policy", "hybrid", "--policy", "lru")
     assert mixed.returncode == 2 and "runs alone" in mixed.stderr
     # the GPU-stepped tier with a CPU share: its own line, its cost per layer; a cheap share moves misses to the CPU
