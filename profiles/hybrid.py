@@ -134,13 +134,13 @@ def expert_ms(cost: CostModel) -> tuple[float, float]:
 NEVER = 1e9     # rule_costs' weight of the side a serial split never takes
 
 
-def rule_costs(cost: CostModel) -> tuple[float, float]:
+def rule_costs(cost: CostModel, serial: bool | None = None) -> tuple[float, float]:
     """The two weights best_split divides a layer's misses by (the engine's tier gets these same numbers:
-    engine.native_tier): expert_ms where uploads overlap the CPU's work. Where they add to it (cost.serial_uploads)
-    the least sum is all or nothing: every miss the tier has room for when an upload costs less than a CPU expert,
-    else none, which best_split gives from weights (NEVER, 1) and (1, NEVER)."""
+    engine.native_tier): expert_ms where uploads overlap the CPU's work. Where they add to it (serial; None:
+    cost.serial_uploads) the least sum is all or nothing: every miss the tier has room for when an upload costs less
+    than a CPU expert, else none, which best_split gives from weights (NEVER, 1) and (1, NEVER)."""
     t_cpu, t_up = expert_ms(cost)
-    if not cost.serial_uploads:
+    if not (cost.serial_uploads if serial is None else serial):
         return t_cpu, t_up
     return (NEVER, 1.0) if t_up < t_cpu else (1.0, NEVER)
 
@@ -153,7 +153,8 @@ class Tier:
                  decay: float = 0.95, prefetch: bool = True, overlap: bool = True, mech: Mechanism = IDEAL) -> None:
         self.L, self.n_expert = core.shape
         self.core, self.cap, self.cost, self.decay = core.astype(bool), tier, cost, decay
-        self.prefetch, self.overlap, self.mech = prefetch, overlap, mech
+        self.prefetch, self.mech = prefetch, mech
+        self.overlap = overlap and not cost.serial_uploads       # uploads beside the CPU's work, else after it
         self.in_tier = np.zeros_like(self.core) if initial is None else initial.astype(bool) & ~self.core
         self.n_tier = self.in_tier.sum(axis=1).astype(np.int64)
         if (self.n_tier > tier).any():
@@ -161,7 +162,7 @@ class Tier:
         self.score = np.zeros(core.shape)
         self.pending: dict[int, tuple[int, int]] = {}      # layer -> (expert, victim or -1): a copy in flight
         self.t_cpu, self.t_up = expert_ms(cost)
-        self.w_cpu, self.w_up = rule_costs(cost)
+        self.w_cpu, self.w_up = rule_costs(cost, not self.overlap)
         self.t_gpu = cost.slab_mb / cost.gpu_gbps
         self.t_share, self.t_fetch = share_costs(cost)
         self.ratio = share_ratio(cost)
@@ -275,8 +276,7 @@ class Tier:
                       else up * self.t_fetch)
             return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu + float(np.sum(copies))
                     + float(up.sum()) * self.t_gpu)
-        per_layer = (np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap and not cost.serial_uploads
-                     else up * self.t_up + c * self.t_cpu)
+        per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 
     def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,
@@ -290,10 +290,8 @@ class Tier:
                 u = share_copies(idx.size, self.ratio, self.cap)
             elif self.mech.device:
                 u = min(self.cap, idx.size)                         # every miss, while entries last
-            elif self.overlap:
-                u = best_split(idx.size, self.w_cpu, self.w_up, self.cap)
             else:
-                u = min(self.cap, idx.size) if self.t_up < self.t_cpu else 0
+                u = best_split(idx.size, self.w_cpu, self.w_up, self.cap)
             placed = 0
             for i in idx[np.argsort(-self.score[layer, me[idx]], kind="stable")][:u].tolist():
                 e = int(me[i])                                      # (no free entry: a transient copy)
