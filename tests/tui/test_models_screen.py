@@ -96,7 +96,8 @@ async def test_picker_lists_and_switches(tmp_path: Path, models: Path) -> None:
         assert isinstance(app.engine, ClosingEngine) and app.engine.name == "beta"
         await _wait(pilot, lambda: app.store.model_of(app.chat_id) == "beta.gguf")     # its own chat, not alpha's
         assert app.sub_title.startswith("beta.gguf") and not isinstance(app.screen, ModelsScreen)
-        assert app.engine_actions.notices_seen == 1                   # the new engine's notices were shown
+        # the new engine's notices are shown at the end of the switch handler, after its chat is stored
+        await _wait(pilot, lambda: app.engine_actions.notices_seen == 1)
 
 
 async def test_picker_refuses_a_dense_model(tmp_path: Path, models: Path) -> None:
