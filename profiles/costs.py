@@ -21,8 +21,15 @@ Two costs of the GPU-stepped tier are best measured rather than derived, and a c
 the tier stepped on the GPU apart from its copies (the intercept of two decodes with different copies per token;
 derived as base less the round trips plus fetch_layer_ms a layer only when not measured: that derivation came out
 30-45 % slow), and share_cpu_gbps, the rate the CPU computes a fetch-split share at while the GPU
-reads host memory beside it (a share of one to three experts a layer is slower than a whole layer's misses, and
-both sides read the same DRAM). The engine splits a fetch-split tier's misses by the same two rates.
+reads host memory beside it, and share_overlap_ms, the GPU's own work in a layer (its slot chain after the fetch
+node publishes the share) that the share runs beside as well as the copies: a layer costs the larger of copies plus
+that work and the CPU part, less that work (it is in fetch_base_ms), plus share_ms (profiles.split.fetch_layers_ms).
+Either is fitted to a fetch-split decode whose per-layer split the simulator reproduces (profiles.sharefit): fitted
+on the token's sums, ignoring that each layer pays the larger of its two parts, the model predicted its own
+calibration 3-4 % slow and the H100 box's fetch-split rows 3-14 % slow, most at high hit rates; fitted per layer
+(the CPU at its own rate), the GPU's work beside the share came out 34 us a layer at 16 threads and 16 at 6, and
+the same rows within -3 to +6 % (tests/engine/test_share_recorded.py). The engine splits a fetch-split tier's
+misses by the two rates (not by the overlap).
 
 Uploads from pageable memory (an mmap'ed model) do not overlap the CPU's experts: an asynchronous copy from pageable
 memory returns only once the driver has staged it through its own pinned buffer, and the host tier's step (patch
@@ -54,6 +61,7 @@ class CostModel:
     share_ms: float = 0.040         # per layer and step, a GPU-stepped tier with a CPU share: its wait and join
     fetch_base_ms: float = 0.0      # per token, a GPU-stepped tier apart from its copies (0: not measured, derived)
     share_cpu_gbps: float = 0.0     # the CPU's rate on a fetch-split share (0: not measured, cpu_gbps)
+    share_overlap_ms: float = 0.0   # per layer, the GPU's own work a fetch-split share runs beside (0: none)
     serial_uploads: bool = False    # a host tier's uploads add to the CPU's work (pageable memory), not overlap it
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:

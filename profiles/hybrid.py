@@ -21,7 +21,8 @@ to replace stays on the CPU; NATIVE_GPU_PACK: with the pack on a GPU, multi-toke
 stands). FETCH (`--policy fetch`, patch 0008): the tier stepped on the GPU, every miss of a batch whose picks fit in
 the tier uploaded now, none computed on the CPU, no host round trip. FETCH_SPLIT (`--policy fetch-split`): the same,
 but of each layer's misses only the best-scored share_copies are copied, the CPU computing the others beside the
-copies (a layer costs max(copies, CPU part) + share_ms). STAGED (a what-if: the engine's first tier,
+copies (a layer costs profiles.split.fetch_layers_ms: the larger of its copies with the GPU's own work beside
+the share and its CPU part, plus share_ms). STAGED (a what-if: the engine's first tier,
 stepped from Python): no upload now, a prefetch staged into a spare pack entry while the next token decodes and
 committed after it (resident one token later than IDEAL: lag 1), one copy in flight per layer.
 
@@ -32,12 +33,20 @@ D = 0 is the static cache (every miss on the CPU); core 0 is a dynamic cache (wi
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import numpy as np
 
 from .costs import CostModel
+from .split import (
+    best_split,
+    expert_ms,
+    fetch_layers_ms,
+    rule_costs,
+    share_copies,
+    share_costs,
+    share_ratio,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,53 +105,6 @@ class Step:
     uploads_now: list[tuple[int, int]]
     prefetches: list[tuple[int, int, int]]
     ms: float
-
-
-def best_split(misses: int, t_cpu: float, t_up: float, room: int) -> int:
-    """How many of `misses` to upload now (at most `room`) so that max(uploads * t_up, CPU picks * t_cpu) is least."""
-    if misses <= 0 or room <= 0:
-        return 0
-    u = misses * t_cpu / (t_cpu + t_up)
-    cands = {0, min(room, misses), min(room, math.floor(u)), min(room, math.ceil(u))}
-    return min(cands, key=lambda n: (max(n * t_up, (misses - n) * t_cpu), n))
-
-
-def share_costs(cost: CostModel) -> tuple[float, float]:
-    """A GPU-stepped tier's CPU share: one expert computed on the CPU and one copied by the GPU, in ms (what the
-    engine is given: engine.native_tier)."""
-    return cost.slab_mb / cost.share_cpu, cost.slab_mb / cost.fetch_gbps
-
-
-def share_ratio(cost: CostModel) -> float:
-    """The cost of a miss computed on the CPU over one the GPU copies, as the engine holds it (a float32: the fetch
-    node's parameter, from share_costs)."""
-    t_cpu, t_fetch = share_costs(cost)
-    return float(np.float32(t_cpu / t_fetch))
-
-
-def share_copies(misses: int, ratio: float, room: int) -> int:
-    """How many of a layer's misses a GPU-stepped tier with a CPU share copies: best_split with the CPU at `ratio`
-    and a copy at 1 (the fetch node's arithmetic), the fewest on ties."""
-    return best_split(misses, ratio, 1.0, room)
-
-
-def expert_ms(cost: CostModel) -> tuple[float, float]:
-    """One expert computed on the CPU and one uploaded, in ms."""
-    return cost.slab_mb / cost.cpu_gbps, cost.slab_mb / cost.pcie_gbps
-
-
-NEVER = 1e9     # rule_costs' weight of the side a serial split never takes
-
-
-def rule_costs(cost: CostModel, serial: bool | None = None) -> tuple[float, float]:
-    """The two weights best_split divides a layer's misses by (the engine's tier gets these same numbers:
-    engine.native_tier): expert_ms where uploads overlap the CPU's work. Where they add to it (serial; None:
-    cost.serial_uploads) the least sum is all or nothing: every miss the tier has room for when an upload costs less
-    than a CPU expert, else none, which best_split gives from weights (NEVER, 1) and (1, NEVER)."""
-    t_cpu, t_up = expert_ms(cost)
-    if not (cost.serial_uploads if serial is None else serial):
-        return t_cpu, t_up
-    return (NEVER, 1.0) if t_up < t_cpu else (1.0, NEVER)
 
 
 class Tier:
@@ -204,7 +166,7 @@ class Tier:
             return self._read_only(ids, 1)
         self._score(ids)
         n_core, n_tier, ml, me, up, now_up, c = self._serve(ids)
-        ms = self._ms(1, n_core + n_tier, up, c)
+        ms = self.step_ms(1, n_core + n_tier, up, c)
         up_ms = float(up.sum() * self.t_up)
         pref: list[tuple[int, int, int]] = []
         if self.prefetch and mech.prefetch and cap > 0 and ml.size:
@@ -235,13 +197,13 @@ class Tier:
         for row in ids:
             self._score(row)
         n_core, n_tier, _, _, up, now_up, c = self._serve(np.concatenate(list(ids), axis=1))   # [L, n * k]
-        return Step(n_core, n_tier, int(c.sum()), now_up, [], self._ms(n, n_core + n_tier, up, c))
+        return Step(n_core, n_tier, int(c.sum()), now_up, [], self.step_ms(n, n_core + n_tier, up, c))
 
     def _read_only(self, ids: np.ndarray, n: int) -> Step:
         """A GPU-stepped tier's batch whose picks do not fit in it (ids [L, n * k]): no scores, no uploads, the misses
         computed on the CPU (the layer's host chain, with its round trip)."""
         n_core, n_tier, _, _, up, _, c = self._serve(ids, place=False)
-        return Step(n_core, n_tier, int(c.sum()), [], [], self._ms(n, n_core + n_tier, up, c, split=True))
+        return Step(n_core, n_tier, int(c.sum()), [], [], self.step_ms(n, n_core + n_tier, up, c, split=True))
 
     def _score(self, ids: np.ndarray) -> None:
         """One token's picks ids [L, k] into the scores (all decay first)."""
@@ -265,17 +227,15 @@ class Tier:
             ml, me = self._upload_now(ml, me, ids, up, now_up)
         return int(core_hit.sum()), int(tier_hit.sum()), ml, me, up, now_up, np.bincount(ml, minlength=self.L)
 
-    def _ms(self, n_tokens: int, gpu_picks: int, up: np.ndarray, c: np.ndarray, split: bool = False) -> float:
+    def step_ms(self, n_tokens: int, gpu_picks: int, up: np.ndarray, c: np.ndarray, split: bool = False) -> float:
         """Est. time of a step of n_tokens: the base per token, resident picks on the GPU, and per layer its uploads
         and CPU misses, concurrent (overlap) or one after the other. A GPU-stepped tier's step (not split): no host
         round trip per layer (base less the split's cost), its fetch per layer, and the uploads at the GPU's fetch
         rate."""
         cost = self.cost
         if self.mech.device and not split:
-            copies = (np.maximum(up * self.t_fetch, c * self.t_share) + cost.share_ms if self.mech.cpu_share
-                      else up * self.t_fetch)
-            return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu + float(np.sum(copies))
-                    + float(up.sum()) * self.t_gpu)
+            return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu
+                    + fetch_layers_ms(cost, up, c, self.mech.cpu_share) + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
         return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
 

@@ -128,7 +128,8 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
                     cpu_gbps=cpu, base_ms=base, method=method, threads=threads, cpu_threads=(threads,),
                     cpu_gbps_threads=(round(cpu, 3),), base_ms_threads=(round(base, 4),),
                     fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
-                    share_cpu_gbps=fc.share_cpu_gbps, unmeasured="; ".join(skipped), kind="first-run",
+                    share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms,
+                    unmeasured="; ".join(skipped), kind="first-run",
                     shape=shape_of(m.facts), memory=memory_of(m), seconds=round(secs, 2), raw=tuple(raw))
     try:
         calibrate.save(c)

@@ -72,6 +72,7 @@ class Calibration:
     prompt_cpu_pinned_tok_s: float = 0.0
     fetch_base_ms: float = 0.0         # a GPU-stepped tier's token apart from its copies (0: not measured)
     share_cpu_gbps: float = 0.0        # the CPU's rate on a fetch-split share beside the GPU's reads (0: not measured)
+    share_overlap_ms: float = 0.0      # per layer, the GPU's own work a fetch-split share runs beside (0: none)
     kind: str = "full"                 # "full" (doctor --calibrate) or "first-run" (engine.autocal, one thread count,
                                        # one load mode, this model's shape)
     shape: str = ""                    # the model shape it was measured on (first-run: part of its key)
@@ -97,7 +98,8 @@ class Calibration:
         return CostModel(slab_mb=slab_mb or self.slab_mb, cpu_gbps=self.cpu_at(threads), pcie_gbps=pcie,
                          base_ms=self.base_at(threads), fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
                          share_ms=self.share_ms or CostModel.share_ms, fetch_base_ms=self.fetch_base_ms,
-                         share_cpu_gbps=self.share_cpu_gbps, serial_uploads=not pinned)
+                         share_cpu_gbps=self.share_cpu_gbps, share_overlap_ms=self.share_overlap_ms,
+                         serial_uploads=not pinned)
 
     def cpu_at(self, threads: int | None) -> float:
         """The CPU expert rate at `threads`: as measured there, else linear between the nearest thread counts
@@ -125,6 +127,8 @@ class Calibration:
                    if self.prompt_stream_tok_s else "")
                 + (f"; CPU share {1000 * self.share_ms:.0f} us/layer (--policy fetch-split)" if self.share_ms else "")
                 + (f", its CPU at {self.share_cpu_gbps:.1f} GB/s" if self.share_cpu_gbps else "")
+                + (f", beside {1000 * self.share_overlap_ms:.0f} us/layer of the GPU's own work"
+                   if self.share_overlap_ms else "")
                 + (f"; GPU-stepped token {self.fetch_base_ms:.2f} ms apart from its copies" if self.fetch_base_ms
                    else "")
                 + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
@@ -351,6 +355,6 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        base_ms_threads=tuple(round(v[1], 4) for v in by.values()),
                        upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
                        fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
-                       share_cpu_gbps=fc.share_cpu_gbps, raw=fc.raw,
+                       share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms, raw=fc.raw,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

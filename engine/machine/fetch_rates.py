@@ -9,10 +9,11 @@ the engine itself:
 - the CPU share's own cost per layer (share_ms): at S/2, plain and with a share whose CPU is a million times dearer
   than a copy (every miss still copied: the counts must say so), taking turns for a few rounds; the median of the
   rounds' differences over the layers.
-- the CPU's rate on its share (share_cpu_gbps): a share at this machine's costs (`cost`), which must give the CPU
-  misses; the time its layers take beyond the fixed part and share_ms, spread over its CPU misses when the copies
-  alone cannot explain it (a share of one to three experts a layer runs slower than the CPU's streaming rate, and
-  the CPU reads the DRAM the GPU is reading). Measured twice, the second share split by the rate the first found.
+- what the share itself costs: a share at this machine's costs (`cost`), which must give the CPU misses, fitted layer
+  by layer (profiles.sharefit: the simulator splits the same routing as the engine did, and the counts must agree):
+  the GPU's own work the share runs beside (share_overlap_ms), or where the share ran slower than the CPU streams,
+  its rate (share_cpu_gbps). Measured twice, the second share split by what the first found (the same split when
+  only the overlap was fitted: then the fit takes both runs' mean).
 0 where not measurable (no tier on this device, too few experts, no time difference), with a line saying why.
 """
 
@@ -26,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ...profiles.costs import CostModel
+from ...profiles.sharefit import ShareFit, fit_share, share_steps
 from ..llm.model import Context, Model
 from ..native import replay
 from ..native.expert_cache import CacheError, SlotPlan
@@ -33,7 +35,7 @@ from ..native.tier import NativeTier, TierCounts
 
 ROUNDS = 3          # plain / dear-share pairs at S/2, taking turns
 MIN_SHARE_MS = 1e-4  # a share measured to cost nothing (or less: noise) per layer: 0.1 us, not 0 (not measured)
-SHARE_FITS = 2      # shares at this machine's costs, each split by the CPU rate the one before found
+SHARE_FITS = 2      # shares at this machine's costs, each split by what the one before found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,8 @@ class FetchCosts:
     gbps: float = 0.0               # the GPU reading pinned host memory
     base_ms: float = 0.0            # a stepped token apart from its copies
     share_ms: float = 0.0           # a CPU share's wait and join, per layer and token
-    share_cpu_gbps: float = 0.0     # the CPU's rate on its share
+    share_cpu_gbps: float = 0.0     # the CPU's rate on its share (0: its streaming rate)
+    share_overlap_ms: float = 0.0   # per layer, the GPU's own work the share runs beside
     raw: tuple[str, ...] = ()       # each decode measured, one line
 
 
@@ -89,7 +92,8 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
         return r
 
     with contextlib.nullcontext(ctx) if ctx is not None else Context(m, n_ctx=n_tokens + 64, threads=threads) as dctx:
-        replay.set_replay(dctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
+        routing = replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4)
+        replay.set_replay(dctx.ptr, routing)
         try:
             big, half = run(sizes[0], False), run(sizes[1], False)
             if big is None or half is None:
@@ -106,26 +110,40 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                     (shared if share else plain).append(r)
             line = _line(big, _median_run(plain), raw)
             share_ms = _share_ms(shared, plain, half, len(moe), log)
-            fits: list[float] = []
+            fit: ShareFit | None = None
             if share_ms > 0:
                 c = dataclasses.replace(cost, fetch_gbps=line.gbps or cost.fetch_gbps, fetch_base_ms=line.base_ms,
-                                        share_ms=share_ms)
+                                        share_ms=share_ms, share_cpu_gbps=0.0, share_overlap_ms=0.0)
+                first = np.zeros((len(moe), f.n_expert), bool)
+                first[:, :sizes[1]] = True
+                runs: list[TierRun] = []
                 for i in range(SHARE_FITS):
                     r = run(sizes[1], True, c)
                     if r is None or r.cpu == 0:
                         if i == 0:              # (a later share split by a slow CPU may rightly copy everything)
                             log("the CPU share did not run (no miss went to the CPU at this machine's costs): its "
                                 "cost is not measured")
-                            share_ms, fits = 0.0, []
+                            share_ms = 0.0
                         break
-                    g = (_share_cpu(r, c, len(toks) - 9, f.slab_bytes / 1e6, len(moe))
-                         if line.gbps > 0 else 0.0)                             # (the line unknown: not fitted)
-                    fits.append(g)
-                    c = dataclasses.replace(c, share_cpu_gbps=g or c.cpu_gbps)
+                    if line.gbps <= 0:          # the line unknown: not fitted
+                        break
+                    steps = share_steps(routing.per_layer(moe)[8:len(toks)], sizes[1], c, initial=first, warmup=1)
+                    sim_mb = steps.copies * f.slab_bytes / 1e6 / max(1, steps.tokens)
+                    if steps.cpu_misses != r.cpu or abs(sim_mb - r.mb) > 1e-6 * max(1.0, r.mb):
+                        log(f"the CPU share's split is not the simulator's ({r.mb:.1f} MB copied/token and {r.cpu} "
+                            f"CPU misses, simulated {sim_mb:.1f} and {steps.cpu_misses}): its costs are not fitted")
+                        break
+                    runs.append(r)
+                    same = [x.ms for x in runs if (x.mb, x.cpu) == (r.mb, r.cpu)]
+                    fit = fit_share(steps, sizes[1], c, float(np.mean(same)))
+                    raw.append(fit.line())
+                    log(fit.line())
+                    c = dataclasses.replace(c, share_cpu_gbps=fit.cpu_gbps, share_overlap_ms=fit.overlap_ms)
         finally:
             replay.set_replay(dctx.ptr, None)
             m.set_slots(SlotPlan({}), pack_host=pack_host)
-    return dataclasses.replace(line, share_ms=share_ms, share_cpu_gbps=fits[-1] if fits else 0.0, raw=tuple(raw))
+    return dataclasses.replace(line, share_ms=share_ms, share_cpu_gbps=fit.cpu_gbps if fit else 0.0,
+                               share_overlap_ms=fit.overlap_ms if fit else 0.0, raw=tuple(raw))
 
 
 def _line(big: TierRun, half: TierRun, raw: list[str]) -> FetchCosts:
@@ -145,18 +163,6 @@ def _share_ms(shared: list[TierRun], plain: list[TierRun], half: TierRun, layers
         return 0.0
     diffs = [(s.ms - p.ms) / layers for s, p in zip(shared, plain)]
     return max(float(np.median(diffs)), MIN_SHARE_MS)
-
-
-def _share_cpu(r: TierRun, c: CostModel, n: int, slab_mb: float, layers: int) -> float:
-    """The CPU's rate on its share from a share run (n timed tokens): the time its layers take beyond the fixed part
-    and share_ms, when the copies alone cannot explain it (a layer costs max(copies, CPU part): uniform routing
-    spreads both evenly over the layers), spread over its CPU misses; 0 when the copies explain it."""
-    copies_ms = r.mb / c.fetch_gbps
-    layer_ms = r.ms - c.fetch_step_ms(layers) - layers * c.share_ms
-    cpu_per_token = r.cpu / n
-    if cpu_per_token <= 0 or layer_ms <= 1.05 * copies_ms:
-        return 0.0
-    return cpu_per_token * slab_mb / layer_ms
 
 
 def _tier_run(m: Model, ctx: Context, moe: list[int], s: int, share: bool, cost: CostModel, toks: list[int],

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from ...profiles.costs import CostModel
-from ...profiles.hybrid import rule_costs, share_costs
+from ...profiles.split import rule_costs, share_costs
 from . import lib as native
 from .expert_cache import ERR_INPUT, CacheError, SlotPlan
 

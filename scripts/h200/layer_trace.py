@@ -69,7 +69,8 @@ def main() -> None:
                 cals.append(c)
                 print(f"calibration {i + 1} at {threads} threads ({c.seconds:.1f} s): CPU {c.cpu_gbps:.1f} GB/s, "
                       f"base {c.base_ms:.2f} ms, fetch {c.fetch_gbps:.1f} GB/s + {c.fetch_base_ms:.2f} ms, share "
-                      f"{1e3 * c.share_ms:.0f} µs/layer, share CPU {c.share_cpu_gbps:.1f} GB/s ({c.method})",
+                      f"{1e3 * c.share_ms:.0f} µs/layer, share CPU {c.share_cpu_gbps:.1f} GB/s, beside "
+                      f"{1e3 * c.share_overlap_ms:.0f} µs/layer of the GPU's work ({c.method})",
                       flush=True)
                 for line in c.raw:
                     if " routing: " in line:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pytest
 
 from moeslots.engine.machine import bundled, calibrate, fetch_rates
+from moeslots.engine.native import replay
 from moeslots.engine.runtime.engine import Engine, EngineConfig
+from moeslots.profiles import sharefit
 from moeslots.profiles.costs import CostModel
 from moeslots.profiles.repick import choose_repick
 from moeslots.profiles.trace import read_csv
@@ -136,22 +140,29 @@ def test_the_fetch_costs_are_measured_from_the_tiers_own_counts(tiny_glm: Path) 
     """The GPU-stepped tier's costs (run with a GPU and pinned memory; here its pack in host memory, so the copies
     are memcpys): plain decodes at S and S/2 (fewer slots: more bytes copied, as the engine counts them), then S/2
     plain and with a CPU share that leaves the CPU nothing, taking turns (the same bytes copied, no CPU miss), then
-    shares at this machine's costs, which must give the CPU misses (and copy less)."""
+    shares at this machine's costs, which must give the CPU misses (and copy less), each fitted per layer: the
+    simulator split the same routing as the engine did (else a line says the split is not the simulator's)."""
     from moeslots.engine.llm.model import LoadOptions, Model
 
     logs: list[str] = []
     with Model(tiny_glm, LoadOptions(extra_bufts=False)) as m:
         moe = [il for il in m.facts.moe_layers if il < m.facts.n_layer]
         fc = fetch_rates.fetch_rates(m, moe, 12, 2, 24, True, logs.append, CostModel(slab_mb=0.1, cpu_gbps=1e6))
-    mb = [float(line.split(", ")[2].split(" MB")[0]) for line in logs]
+    fitted = "fetch-split share fitted per layer: "
+    runs = [line for line in logs if not line.startswith(fitted)]
+    mb = [float(line.split(", ")[2].split(" MB")[0]) for line in runs]
     shared = "GPU-stepped tier with a CPU share"
-    assert [line.split(",")[0] for line in logs[:8]] == (["GPU-stepped tier"] * 2 + [shared, "GPU-stepped tier"]
+    assert [line.split(",")[0] for line in runs[:8]] == (["GPU-stepped tier"] * 2 + [shared, "GPU-stepped tier"]
                                                          + [shared] * 2 + ["GPU-stepped tier", shared]), logs
-    assert len(logs) in (8, 9) and all(line.startswith(shared) for line in logs[8:]), logs  # the second fit
+    assert len(runs) in (8, 9) and all(line.startswith(shared) for line in runs[8:]), logs   # the second share
     assert 0 < mb[0] < mb[1] and mb[1:7] == [mb[1]] * 6, logs                   # dear shares copy every miss
-    assert "CPU misses" in logs[7] and mb[7] < mb[1], logs                      # a cheap CPU takes misses
-    assert not any("CPU misses" in line for line in logs[:7])
+    assert "CPU misses" in runs[7] and mb[7] < mb[1], logs                      # a cheap CPU takes misses
+    assert not any("CPU misses" in line for line in runs[:7])
+    after = logs[7:] + [""]                     # each share that computed is fitted just after it, unless the two
+    fits = [after[i + 1].startswith(fitted) for i, line in enumerate(after) if "CPU misses" in line]  # plain runs
+    assert all(fits) if fc.gbps > 0 else not any(fits), logs                    # gave no line (a busy machine)
     assert fc.share_ms > 0 and fc.gbps >= 0.0 and fc.base_ms >= 0.0 and fc.share_cpu_gbps >= 0.0
+    assert fc.gbps == 0 or fc.share_overlap_ms > 0 or fc.share_cpu_gbps > 0 or "no overlap" in logs[-1], logs
     assert fc.raw == tuple(logs)
 
 
@@ -191,33 +202,66 @@ class _FakeCtx:
     def __exit__(self, *a: object) -> None: ...
 
 
-def test_the_fetch_costs_from_known_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From runs whose times are known: the reading rate and the fixed part are the line through the two plain runs;
-    the share's cost per layer is the median of the paired differences (one slow outlier does not move it); the
-    CPU's rate on its share is what its misses take beyond the fixed part and the share's cost, and the second
-    share is split by the rate the first found."""
-    runs = iter([(25.0, 100.0, 0), (35.0, 200.0, 0),      # S, S/2 plain: 10 GB/s, 15 ms fixed
-                 (35.8, 200.0, 0),                         # round 0: dear share (its plain run is the S/2 run)
-                 (35.0, 200.0, 0), (36.2, 200.0, 0),       # round 1: plain, dear share
-                 (80.0, 200.0, 0), (35.0, 200.0, 0),       # round 2: dear share (an outlier), plain
-                 (26.6, 20.0, 8 * 90), (26.6, 20.0, 8 * 90)])   # shares at the machine's costs: 90 CPU misses/token
+def _known_machine(monkeypatch: pytest.MonkeyPatch, truth: dict[str, float], count: Callable[[int], int] = int,
+                   ) -> tuple[list[CostModel], list[str]]:
+    """fetch_rates on a machine whose times are known: plain runs and dear shares as listed below, and shares at
+    the machine's costs split as the simulator splits the calibration's routing, timed by the cost model with the
+    `truth` (share_overlap_ms / share_cpu_gbps) the fit must find; count: what the machine reports of its CPU
+    misses (int: the simulator's)."""
+    fixed = iter([(25.0, 100.0, 0), (35.0, 200.0, 0),      # S, S/2 plain: 10 GB/s, 15 ms fixed
+                  (35.8, 200.0, 0),                         # round 0: dear share (its plain run is the S/2 run)
+                  (35.0, 200.0, 0), (36.2, 200.0, 0),       # round 1: plain, dear share
+                  (80.0, 200.0, 0), (35.0, 200.0, 0)])      # round 2: dear share (an outlier), plain
     costs: list[CostModel] = []
+    f = _FakeModel.facts
+    P = replay.uniform(4096, 2, f.n_expert, f.n_expert_used, seed=4).per_layer([0, 1])[8:17]
+    first = np.zeros((2, f.n_expert), bool)
+    first[:, :12] = True
 
     def fake(m, ctx, moe, s, share, cost, toks, pack_host, log):  # type: ignore[no-untyped-def]
         costs.append(cost)
-        return fetch_rates.TierRun(*next(runs))
+        if len(costs) <= 7:
+            return fetch_rates.TierRun(*next(fixed))
+        steps = sharefit.share_steps(P, s, cost, initial=first, warmup=1)
+        ms = sharefit.predict_ms(steps, s, dataclasses.replace(cost, **truth))
+        return fetch_rates.TierRun(ms, steps.copies * f.slab_bytes / 1e6 / steps.tokens, count(steps.cpu_misses))
 
+    logs: list[str] = []
     monkeypatch.setattr(fetch_rates, "_tier_run", fake)
     monkeypatch.setattr(fetch_rates, "Context", _FakeCtx)
     monkeypatch.setattr(fetch_rates.replay, "set_replay", lambda *a: None)
-    fc = fetch_rates.fetch_rates(_FakeModel(), [0, 1], 24, 2, 8, True, lambda s: None,  # type: ignore[arg-type]
+    fc = fetch_rates.fetch_rates(_FakeModel(), [0, 1], 24, 2, 8, True, logs.append,  # type: ignore[arg-type]
                                  CostModel(slab_mb=2.0, cpu_gbps=30.0))
     assert fc.gbps == pytest.approx(10.0) and fc.base_ms == pytest.approx(15.0)
     assert fc.share_ms == pytest.approx(1.2 / 2)               # median of 0.8, 1.2, 45 ms over 2 layers
-    # 26.6 ms - 15 fixed - 2 x 0.6 share = 10.4 ms for 90 misses x 2 MB (the 20 MB of copies take 2 ms): 17.3 GB/s
-    assert fc.share_cpu_gbps == pytest.approx(90 * 2.0 / 10.4)
-    assert costs[-2].share_cpu_gbps == 0.0 and costs[-1].share_cpu_gbps == pytest.approx(90 * 2.0 / 10.4)
     assert costs[-1].fetch_base_ms == pytest.approx(15.0) and costs[-1].fetch_gbps == pytest.approx(10.0)
+    assert costs[7].share_cpu_gbps == costs[7].share_overlap_ms == 0.0      # the first share: the CPU's own rate
+    return costs, logs
+
+
+def test_the_share_fit_finds_the_gpus_work_beside_the_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share that hides partly behind 50 us of the GPU's own work a layer: the fit finds 50 us and the CPU at its
+    own rate; the second share is split as the first (the overlap does not move the split)."""
+    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.05})
+    fits = [line for line in logs if line.startswith("fetch-split share fitted per layer")]
+    assert len(fits) == 2 and "the GPU's work beside the share 50.0 us/layer" in fits[-1], logs
+    assert costs[-1].share_overlap_ms == pytest.approx(0.05) and costs[-1].share_cpu_gbps == 0.0
+
+
+def test_the_share_fit_finds_a_slow_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share whose CPU runs at 12 GB/s where it streams at 30: the fit finds 12 and no overlap, and the second
+    share is split by that rate."""
+    costs, logs = _known_machine(monkeypatch, {"share_cpu_gbps": 12.0})
+    assert costs[-1].share_cpu_gbps == pytest.approx(12.0, rel=1e-6) and costs[-1].share_overlap_ms == 0.0
+    assert "the share's CPU at 12.0 GB/s" in logs[-1], logs
+
+
+def test_a_share_the_simulator_does_not_reproduce_is_not_fitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the engine's counts are not the simulator's split of the same routing, the share's costs are not fitted
+    (the CPU at its own rate, no overlap) and one line says why."""
+    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.05}, count=lambda n: n + 1)
+    assert logs[-1].startswith("the CPU share's split is not the simulator's"), logs
+    assert len(costs) == 8                                      # no second share
 
 
 def test_the_fetch_costs_reach_the_cost_model(cfg_home: Path) -> None:

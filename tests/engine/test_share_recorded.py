@@ -1,0 +1,136 @@
+"""A fetch-split share's costs fitted layer by layer (profiles.sharefit, as engine.fetch_rates fits them), against
+what the GPU box measured: two first-run calibrations of the 30B-A3B shape with pinned experts (an H100, 16 and 6
+threads, two instances: tests/fixtures/h100-2026-12-06-first-run.toml and h100-2026-12-06-pinned.toml) and the
+fetch and fetch-split rows `bench repick` measured beside them, uniform replayed routing and the donor chat trace.
+
+Refitted from each calibration's own share decode (its raw lines), the model must predict every fetch-split row
+within 10 % (12 % on the first run's older engine), and `auto` pick within 5 % of the best measured. Fitted on the
+token's sums as before, it predicted the 16-thread rows 3-14 % slow (the CPU's part charged in every layer, also
+where the copies led): three rows were off by more than 10 %."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeslots.engine.machine import calibrate
+from moeslots.engine.native import replay
+from moeslots.engine.native.expert_cache import SlotPlan
+from moeslots.engine.native.tier import masks
+from moeslots.profiles.costs import CostModel
+from moeslots.profiles.hybrid import FETCH, simulate_hybrid
+from moeslots.profiles.plan import plan_from_counts
+from moeslots.profiles.policy import decide_policy
+from moeslots.profiles.repick import Picks
+from moeslots.profiles.sharefit import ShareFit, fit_share, predict_ms, share_steps
+from moeslots.profiles.simulate import layer_counts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+RUNS = {"first": FIXTURES / "h100-2026-12-06-first-run.toml", "third": FIXTURES / "h100-2026-12-06-pinned.toml"}
+CHAT = Path(__file__).resolve().parents[2] / "profiles" / "data" / "moeslots-donor-qwen3-30b-a3b-chat-sampled.npz"
+N_EXPERT, LAYERS, K, S = 128, list(range(48)), 8, 32       # the calibration's share: S/2 = 32 slots, every one a tier
+SHARE = re.compile(r"with a CPU share, \d+ slots: ([\d.]+) ms/token, ([\d.]+) MB copied/token, (\d+) CPU misses")
+
+
+def _load(run: str) -> tuple[dict[int, calibrate.Calibration], list[dict]]:
+    d = tomllib.loads(RUNS[run].read_text())
+    cals = {}
+    for entry in d["calibration"].values():
+        c = calibrate.Calibration(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()})
+        cals[c.threads] = c
+    return cals, d["measured"]
+
+
+def _refit(c: calibrate.Calibration) -> tuple[CostModel, ShareFit]:
+    """The calibration's share decode fitted per layer, as engine.fetch_rates fits it now: the first share was split
+    at the CPU's own rate; the runs with its counts (the same split) are averaged."""
+    split = dataclasses.replace(c.cost_model(pinned=True, threads=c.threads), share_cpu_gbps=0.0)
+    first = np.zeros((len(LAYERS), N_EXPERT), bool)
+    first[:, :S] = True
+    P = replay.uniform(4096, len(LAYERS), N_EXPERT, K, seed=4).per_layer(LAYERS)[8:25]     # row 8: the warm-up
+    steps = share_steps(P, S, split, initial=first, warmup=1)
+    runs = [(float(ms), float(mb), int(cpu)) for ms, mb, cpu in SHARE.findall("\n".join(c.raw))]
+    # the engine split that routing as the simulator does
+    assert (round(steps.copies * c.slab_mb / steps.tokens, 1), steps.cpu_misses) == runs[0][1:], runs
+    fit = fit_share(steps, S, split, float(np.mean([ms for ms, *n in runs if tuple(n) == runs[0][1:]])))
+    return dataclasses.replace(split, share_overlap_ms=fit.overlap_ms, share_cpu_gbps=fit.cpu_gbps), fit
+
+
+def _row(cost: CostModel, fitted: CostModel, r: dict) -> float:
+    """A measured row predicted by `fitted`, split as the engine split it then (by `cost`, the costs of that run)."""
+    full = (replay.uniform(1104, len(LAYERS), N_EXPERT, K, seed=7) if r.get("routing", "uniform") == "uniform"
+            else replay.from_trace(CHAT, N_EXPERT, K)).per_layer(LAYERS)
+    plan = SlotPlan(plan_from_counts(layer_counts(full[:1024], LAYERS, N_EXPERT), r["slots"], LAYERS))
+    core, first = masks(plan, r["tier"], N_EXPERT)
+    P = full[1036:1104]
+    if r["policy"] == "fetch":
+        return simulate_hybrid(P, core, r["tier"], fitted, initial=first, mech=FETCH, warmup=4).ms_per_token
+    steps = share_steps(P, r["tier"], cost, initial=first, warmup=4, core=core)
+    if "uploads" in r:                                  # the counts the engine reported for the row
+        assert (steps.copies / steps.tokens, steps.cpu_misses / steps.tokens) == pytest.approx(
+            (r["uploads"], r["cpu"]), abs=1e-3)
+    return predict_ms(steps, r["tier"], fitted)
+
+
+# the engine that ran the third run is today's (its tier patches reworked since the first run, whose fetch rows
+# ran 30-45 % slower): 10 % there; the first run's 16-thread share, read once, came out 1 % slower than the CPU
+# streams while its rows ran as overlapped (its rows split by another rate than the calibration's): 12 % there
+BOUND = {"third": 0.10, "first": 0.12}
+
+
+@pytest.mark.parametrize("run", ["first", "third"])
+@pytest.mark.parametrize("threads", [16, 6])
+def test_fetch_split_rows_are_predicted_within_10_percent(run: str, threads: int) -> None:
+    cals, measured = _load(run)
+    c = cals[threads]
+    cost = c.cost_model(pinned=True, threads=threads)
+    fitted, fit = _refit(c)
+    assert fit.predicted_ms == pytest.approx(fit.measured_ms, rel=0.02), fit.line()   # (unless saturated: none is)
+    rows = [r for r in measured if r["threads"] == threads and r["policy"] in ("fetch", "fetch-split")]
+    assert len(rows) >= 4
+    for r in rows:
+        got = _row(cost, fitted, r)
+        assert abs(got / r["ms"] - 1) < BOUND[run], (run, threads, r, got, fit.line())
+    # and the faster of the two, cell by cell, as measured where they differ by more than 5 %
+    for key in {(r.get("routing", "uniform"), r["slots"]) for r in rows}:
+        cell = {r["policy"]: r for r in rows if (r.get("routing", "uniform"), r["slots"]) == key}
+        if max(r["ms"] for r in cell.values()) < 1.05 * min(r["ms"] for r in cell.values()):
+            continue
+        got = {p: _row(cost, fitted, r) for p, r in cell.items()}
+        assert min(got, key=got.get) == min(cell, key=lambda p: cell[p]["ms"]), (run, threads, key, got)
+
+
+def test_the_whole_token_fit_was_what_missed() -> None:
+    """The rows' costs as calibrated then (the share's CPU rate fitted on the token's sums) miss by more than 10 %
+    at 16 threads, in both runs: the per-layer fit is what brings them in."""
+    for run in RUNS:
+        cals, measured = _load(run)
+        cost = cals[16].cost_model(pinned=True, threads=16)
+        fitted, _ = _refit(cals[16])
+        rows = [r for r in measured if r["threads"] == 16 and r["policy"] == "fetch-split"]
+        then = [_row(cost, cost, r) / r["ms"] - 1 for r in rows]
+        now = [_row(cost, fitted, r) / r["ms"] - 1 for r in rows]
+        assert max(then) > 0.12 and min(then) > 0, (run, then)
+        assert max(map(abs, now)) < max(then) - 0.02, (run, then, now)
+
+
+@pytest.mark.parametrize("threads", [16, 6])
+def test_auto_picks_within_5_percent_of_the_best_from_the_first_reply(threads: int) -> None:
+    """`auto` (fetch and fetch-split possible, the share measured) with the refitted costs, on the third run's chat
+    trace profile: in each cell the policy it picks measured within 5 % of the best of the four measured there.
+    (With the costs as calibrated then it picked fetch at 16 threads, 64 slots: 0.88 of the best, which the
+    self-check had to correct. On uniform routing both costs pick as measured: left out, each cell takes ~10 s.)"""
+    cals, measured = _load("third")
+    fitted, _ = _refit(cals[threads])
+    for routing in ("chat",):
+        full = replay.from_trace(CHAT, N_EXPERT, K).per_layer(LAYERS)
+        for slots in (32, 64):
+            rows = {r["policy"]: r["ms"] for r in measured
+                    if (r["threads"], r["routing"], r["slots"]) == (threads, routing, slots)}
+            d = decide_policy(Picks(full[:1024], LAYERS, N_EXPERT), slots, fitted, fetch=True, share=True)
+            assert d.policy in rows and rows[d.policy] <= 1.05 * min(rows.values()), (routing, slots, d.why, rows)
