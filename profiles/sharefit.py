@@ -7,7 +7,8 @@ each layer's copies and CPU misses exactly as the engine split them, so the fit 
 sums (fitted on the sums, the CPU's part was charged in every layer, also where the copies led, and the model
 predicted its own calibration 3-4 % slow).
 
-The fit: with the CPU at its own streaming rate (cpu_gbps) and no overlap, the model predicts the decode too slow
+The fit (over one or more such decodes, on average): with the CPU at its own streaming rate (cpu_gbps) and no
+overlap, the model predicts the decode too slow
 where the share hides behind the GPU's work: then share_overlap_ms is the least overlap that predicts it (or, where
 even a wholly hidden share predicts it slow, the least that hides the share wholly; at most the GPU's fixed part per
 layer, fetch_base_ms / layers). Where that prediction is too fast instead, the share ran slower than
@@ -18,7 +19,7 @@ rate that predicts it, with no overlap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -115,29 +116,34 @@ def _solve(f: Callable[[float], float], lo: float, hi: float, target: float) -> 
     return (lo + hi) / 2
 
 
-def fit_share(steps: Steps, tier: int, cost: CostModel, measured_ms: float) -> ShareFit:
-    """share_overlap_ms or share_cpu_gbps (see the module's text) so that the steps predict measured_ms; cost: the
-    run's costs (its fixed part, fetch rate and share_ms measured)."""
-    if not steps.n or measured_ms <= 0:
-        raise ValueError("a fit needs a measured decode of at least one step")
+def fit_share(runs: Sequence[tuple[Steps, float]], tier: int, cost: CostModel) -> ShareFit:
+    """share_overlap_ms or share_cpu_gbps (see the module's text) so that the share decodes `runs` (each its steps
+    and its measured ms per token; the same split or not) are predicted as measured on average; cost: the runs'
+    costs (their fixed part, fetch rate and share_ms measured)."""
+    if not runs or any(not st.n or ms <= 0 for st, ms in runs):
+        raise ValueError("a fit needs measured decodes of at least one step")
+    measured = float(np.mean([ms for _, ms in runs]))
+
+    def pred(c: CostModel) -> float:
+        return float(np.mean([predict_ms(st, tier, c) for st, _ in runs]))
+
     own = dataclasses.replace(cost, share_cpu_gbps=0.0, share_overlap_ms=0.0)
-    unfitted = predict_ms(steps, tier, own)
-    layers = steps.up[0].size
+    unfitted = pred(own)
+    layers = runs[0][0].up[0].size
     y_max = cost.fetch_step_ms(layers) / max(1, layers)
-    if unfitted > measured_ms:
+    if unfitted > measured:
         def at_y(y: float) -> float:
-            return predict_ms(steps, tier, dataclasses.replace(own, share_overlap_ms=y))
+            return pred(dataclasses.replace(own, share_overlap_ms=y))
         floor = at_y(y_max)                     # the share wholly hidden: the least the overlap can explain
-        y = _solve(at_y, 0.0, y_max, max(measured_ms, floor + 1e-9 * floor))    # the least overlap explaining it
+        y = _solve(at_y, 0.0, y_max, max(measured, floor + 1e-9 * floor))      # the least overlap explaining it
         fitted = dataclasses.replace(own, share_overlap_ms=y)
     else:
         def at_g(x: float) -> float:            # x: the CPU's time per expert relative to its own rate's, falling
-            return predict_ms(steps, tier, dataclasses.replace(own, share_cpu_gbps=own.cpu_gbps / (1 / SLOWEST - x)))
+            return pred(dataclasses.replace(own, share_cpu_gbps=own.cpu_gbps / (1 / SLOWEST - x)))
         lo, hi = 0.0, 1 / SLOWEST - 1           # share_cpu from SLOWEST x cpu_gbps (x = 0) up to cpu_gbps
-        if at_g(lo) <= measured_ms:             # even the slowest rate leaves it unexplained: not the CPU's part
+        if at_g(lo) <= measured:                # even the slowest rate leaves it unexplained: not the CPU's part
             fitted = own
         else:
-            x = _solve(at_g, lo, hi, measured_ms)
+            x = _solve(at_g, lo, hi, measured)
             fitted = dataclasses.replace(own, share_cpu_gbps=own.cpu_gbps / (1 / SLOWEST - x))
-    return ShareFit(fitted.share_overlap_ms, fitted.share_cpu_gbps, predict_ms(steps, tier, fitted), unfitted,
-                    measured_ms)
+    return ShareFit(fitted.share_overlap_ms, fitted.share_cpu_gbps, pred(fitted), unfitted, measured)

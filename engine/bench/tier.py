@@ -55,14 +55,16 @@ class TierRow:
 def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
               tier: int | None = None, n_decode: int = 128, profile_rows: int = 1024, threads: int | None = None,
               mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None, reps: int = 1,
-              log: Callable[[str], None] = print) -> list[TierRow]:
+              log: Callable[[str], None] = print, used: dict | None = None) -> list[TierRow]:
     """For each routing (a trace CSV or "uniform") replayed through the router: the plan of S slots is the top-S of
     the first `profile_rows` rows; its last D slots are the tier; the timed decode replays the rows after them, the
     engine's tier deciding every token's uploads. The simulator runs the same rows from the same core, tier and
     costs. reps > 1: each policy's row is measured reps times, the policies taking turns in alternating order (a
     drift of the machine's speed over the run then reaches every policy alike); the row is the median, with the
     range. "default" also gives a row SETTLED: the runner-up measured where auto's self-check would try it (a choice
-    slower than predicted, or a near tie), and the faster of the two, as the app settles after its first replies."""
+    slower than predicted, or a near tie), and the faster of the two, as the app settles after its first replies.
+    used: filled with the costs that predicted the rows (their dict, where they came from, the calibration's raw
+    lines), for `bench repick --json`."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, not {reps}")
     m = Model(model_path, LoadOptions(experts_on_host=True, use_mmap=mmap, extra_bufts=not pack_host))
@@ -73,8 +75,13 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     if "default" in policies and gpu and autocal.stored(m, T) is None:     # what a new user's first session does
         autocal.run(m, threads=T, slots=max(slot_counts), pack_host=pack_host, log=log)
         cost = None                                                         # ...and the costs it then has
-    cost = cost or calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=T, shape=autocal.shape_of(f))[0]
+    source = "given"
+    if cost is None:
+        cost, source = calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=T, shape=autocal.shape_of(f))
     cal = autocal.stored(m, T)
+    log(f"cost model for the policy rows: {source}")
+    if used is not None:                # what predicted the rows, to explain them later
+        used.update(cost=dataclasses.asdict(cost), source=source, calibration=list(cal.raw) if cal else [])
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
     ctx.enable_stats(ring_rows=64 * (len(moe) + 2))
     toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n_decode + 16)]

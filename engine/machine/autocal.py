@@ -66,9 +66,14 @@ def memory_of(m: Model) -> str:
 
 
 def stored(m: Model, threads: int) -> Calibration | None:
-    """This machine's first-run calibration for this model's shape at `threads` and memory, if there is one."""
+    """This machine's first-run calibration for this model's shape at `threads` and memory, if there is one that is
+    current: one that measured a fetch-split share before its costs were fitted layer by layer (version < 2: the
+    share's CPU rate fitted on the token's sums, which predicted fetch-split 3-14 % slow on the H100 box) counts as
+    none, so the next session measures it again."""
     c = calibrate.load(shape=shape_of(m.facts), threads=threads, pinned=not m.opts.use_mmap)
-    return c if c is not None and c.kind == "first-run" else None
+    if c is None or c.kind != "first-run" or (c.share_ms > 0 and c.version < 2):
+        return None
+    return c
 
 
 def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[str], None],
@@ -129,7 +134,7 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
                     cpu_gbps_threads=(round(cpu, 3),), base_ms_threads=(round(base, 4),),
                     fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
                     share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms,
-                    unmeasured="; ".join(skipped), kind="first-run",
+                    unmeasured="; ".join(skipped), kind="first-run", version=calibrate.VERSION,
                     shape=shape_of(m.facts), memory=memory_of(m), seconds=round(secs, 2), raw=tuple(raw))
     try:
         calibrate.save(c)

@@ -42,6 +42,8 @@ from ..native.expert_cache import SlotPlan
 from .cpu_rate import cpu_rate
 from .fetch_rates import FetchCosts, fetch_rates
 
+VERSION = 2     # 2: a fetch-split share's costs fitted layer by layer (profiles.sharefit)
+
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
@@ -79,6 +81,8 @@ class Calibration:
     memory: str = ""                   # first-run: where the experts lived, "pinned" or "pageable" (part of its key)
     seconds: float = 0.0               # how long the measurement took
     raw: tuple[str, ...] = ()          # what was measured, one line each: a wrong pick can be explained from them
+    version: int = 0                   # how it was measured: VERSION (0: before versions; a share fitted on the
+                                       # token's sums, see engine.autocal.stored)
 
     def prompt_offload(self, *, pinned: bool) -> bool | None:
         """Whether prompt batches should stream the experts that are not in slots to the GPU (True) or compute them
@@ -356,5 +360,6 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
                        fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
                        share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms, raw=fc.raw,
+                       version=VERSION,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

@@ -13,7 +13,7 @@ the engine itself:
   by layer (profiles.sharefit: the simulator splits the same routing as the engine did, and the counts must agree):
   the GPU's own work the share runs beside (share_overlap_ms), or where the share ran slower than the CPU streams,
   its rate (share_cpu_gbps). Measured twice, the second share split by what the first found (the same split when
-  only the overlap was fitted: then the fit takes both runs' mean).
+  only the overlap was fitted), each fit over every share so far.
 0 where not measurable (no tier on this device, too few experts, no time difference), with a line saying why.
 """
 
@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ...profiles.costs import CostModel
-from ...profiles.sharefit import ShareFit, fit_share, share_steps
+from ...profiles.sharefit import ShareFit, Steps, fit_share, share_steps
 from ..llm.model import Context, Model
 from ..native import replay
 from ..native.expert_cache import CacheError, SlotPlan
@@ -116,7 +116,7 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                                         share_ms=share_ms, share_cpu_gbps=0.0, share_overlap_ms=0.0)
                 first = np.zeros((len(moe), f.n_expert), bool)
                 first[:, :sizes[1]] = True
-                runs: list[TierRun] = []
+                runs: list[tuple[Steps, float]] = []      # every share decode so far, fitted together
                 for i in range(SHARE_FITS):
                     r = run(sizes[1], True, c)
                     if r is None or r.cpu == 0:
@@ -133,9 +133,8 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                         log(f"the CPU share's split is not the simulator's ({r.mb:.1f} MB copied/token and {r.cpu} "
                             f"CPU misses, simulated {sim_mb:.1f} and {steps.cpu_misses}): its costs are not fitted")
                         break
-                    runs.append(r)
-                    same = [x.ms for x in runs if (x.mb, x.cpu) == (r.mb, r.cpu)]
-                    fit = fit_share(steps, sizes[1], c, float(np.mean(same)))
+                    runs.append((steps, r.ms))
+                    fit = fit_share(runs, sizes[1], c)
                     raw.append(fit.line())
                     log(fit.line())
                     c = dataclasses.replace(c, share_cpu_gbps=fit.cpu_gbps, share_overlap_ms=fit.overlap_ms)

@@ -141,7 +141,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
             trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
                                    profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
                                    pack_host=a.pack_host, cost=None if "default" in policies else cost,
-                                   reps=a.reps, log=print)
+                                   reps=a.reps, log=print, used=(used := {}))
             for r in trows:
                 if r.chosen:
                     print(f"{r.policy} at {r.slots} slots on {r.routing}: {r.chosen}")
@@ -150,6 +150,7 @@ def cmd_repick(a: argparse.Namespace) -> int:
             print(f"predicted vs measured ms/token: {len(trows) - len(off)} of {len(trows)} rows within "
                   f"{100 * tier.OFF:.0f} %" + (": off " + offs if off else ""))
             out["policies"] = [dataclasses.asdict(r) for r in trows]
+            out["policy_costs"] = used
     except ValueError as e:
         raise UserError(str(e)) from None
     _write_json(a.json, out)

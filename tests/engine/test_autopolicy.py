@@ -232,3 +232,27 @@ def test_the_benchs_settled_default_is_what_the_self_check_keeps() -> None:
     clear = Decision("fetch-split", 16, "why", (Scored("fetch-split", 16, 10.0, 0.5), Scored("static", 0, 15.0, 0.5)))
     kept = _settle(clear, _row("default", 16, 10.2), measure)
     assert not asked and kept.policy == SETTLED and kept.ms_per_token_median == 10.2 and kept.chosen.endswith("kept")
+
+
+def test_a_share_fitted_on_the_tokens_sums_is_measured_again(tiny_glm: Path, cfg_home: Path) -> None:
+    """A first-run calibration that measured a fetch-split share before the per-layer fit (no version) counts as
+    none, so the next session measures it again; one from now counts, and so does an old one without a share (an
+    mmap'ed model's: nothing in it changed)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from moeslots.engine.llm.facts import inspect_gguf
+
+    facts = inspect_gguf(tiny_glm)
+    pinned = SimpleNamespace(facts=facts, opts=SimpleNamespace(use_mmap=False))
+    old = calibrate.Calibration(
+        machine=calibrate.machine_id(), date="2026-12-06", model="m", slab_mb=1.0, upload_pageable_gbps=0.0,
+        upload_pinned_gbps=20.0, cpu_gbps=30.0, base_ms=5.0, method="split", threads=2, kind="first-run",
+        shape=autocal.shape_of(facts), memory="pinned", fetch_gbps=50.0, share_ms=0.03, share_cpu_gbps=40.0)
+    calibrate.save(old)
+    assert calibrate.load(shape=old.shape, threads=2, pinned=True) == old          # it is there...
+    assert autocal.stored(pinned, 2) is None                                        # ...and stale
+    calibrate.save(dataclasses.replace(old, version=calibrate.VERSION, share_overlap_ms=0.02))
+    assert autocal.stored(pinned, 2) is not None
+    calibrate.save(dataclasses.replace(old, share_ms=0.0, share_cpu_gbps=0.0))      # no share measured: current
+    assert autocal.stored(pinned, 2) is not None

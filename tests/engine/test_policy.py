@@ -6,6 +6,7 @@ against the stock run: test_native_tier.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,10 @@ def test_the_simulator_predicts_the_engine(tiny_glm: Path, cfg_home: Path) -> No
 def test_bench_rows_agree_with_their_simulator_column(tiny_glm: Path) -> None:
     """`bench repick --policy ...`: each row's measured hits, uploads and CPU misses are the simulator's; dear uploads
     copy nothing and auto then keeps static."""
+    used: dict = {}
     rows = tier_bench.run_tiers(tiny_glm, [8], ["hybrid", "dynamic"], [str(CHAT)], n_decode=48, profile_rows=256,
-                                threads=2, pack_host=True, cost=CHEAP, log=lambda _: None)
+                                threads=2, pack_host=True, cost=CHEAP, log=lambda _: None, used=used)
+    assert used["cost"] == dataclasses.asdict(CHEAP) and used["source"] == "given"     # what predicted the rows
     for r in rows:
         assert (r.hit_rate, r.uploads_per_token) == (pytest.approx(r.sim_hit_rate, abs=1e-12),
                                                      pytest.approx(r.sim_uploads_per_token, abs=1e-12))

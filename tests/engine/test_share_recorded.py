@@ -47,8 +47,9 @@ def _load(run: str) -> tuple[dict[int, calibrate.Calibration], list[dict]]:
 
 
 def _refit(c: calibrate.Calibration) -> tuple[CostModel, ShareFit]:
-    """The calibration's share decode fitted per layer, as engine.fetch_rates fits it now: the first share was split
-    at the CPU's own rate; the runs with its counts (the same split) are averaged."""
+    """The calibration's share decodes fitted per layer, as engine.fetch_rates fits them now: the first share was
+    split at the CPU's own rate; the runs with its counts (the same split: as today's second share is split where
+    only the overlap was fitted) are fitted together."""
     split = dataclasses.replace(c.cost_model(pinned=True, threads=c.threads), share_cpu_gbps=0.0)
     first = np.zeros((len(LAYERS), N_EXPERT), bool)
     first[:, :S] = True
@@ -57,7 +58,7 @@ def _refit(c: calibrate.Calibration) -> tuple[CostModel, ShareFit]:
     runs = [(float(ms), float(mb), int(cpu)) for ms, mb, cpu in SHARE.findall("\n".join(c.raw))]
     # the engine split that routing as the simulator does
     assert (round(steps.copies * c.slab_mb / steps.tokens, 1), steps.cpu_misses) == runs[0][1:], runs
-    fit = fit_share(steps, S, split, float(np.mean([ms for ms, *n in runs if tuple(n) == runs[0][1:]])))
+    fit = fit_share([(steps, ms) for ms, *n in runs if tuple(n) == runs[0][1:]], S, split)
     return dataclasses.replace(split, share_overlap_ms=fit.overlap_ms, share_cpu_gbps=fit.cpu_gbps), fit
 
 
