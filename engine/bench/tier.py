@@ -55,7 +55,7 @@ class TierRow:
 def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
               tier: int | None = None, n_decode: int = 128, profile_rows: int = 1024, threads: int | None = None,
               mmap: bool = True, pack_host: bool = False, cost: CostModel | None = None, reps: int = 1,
-              log: Callable[[str], None] = print, used: dict | None = None) -> list[TierRow]:
+              log: Callable[[str], None] = print, used: dict[str, object] | None = None) -> list[TierRow]:
     """For each routing (a trace CSV or "uniform") replayed through the router: the plan of S slots is the top-S of
     the first `profile_rows` rows; its last D slots are the tier; the timed decode replays the rows after them, the
     engine's tier deciding every token's uploads. The simulator runs the same rows from the same core, tier and
@@ -79,7 +79,6 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     if cost is None:
         cost, source = calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=T, shape=autocal.shape_of(f))
     cal = autocal.stored(m, T)
-    log(f"cost model for the policy rows: {source}")
     if used is not None:                # what predicted the rows, to explain them later
         used.update(cost=dataclasses.asdict(cost), source=source, calibration=list(cal.raw) if cal else [])
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)

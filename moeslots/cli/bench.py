@@ -138,10 +138,11 @@ def cmd_repick(a: argparse.Namespace) -> int:
             print("residency policies (the engine's tier: uploads now by cost) beside the simulator (profiles.hybrid, "
                   "the engine's mechanism):")
             print(tier.TIER_HEADER)
+            used: dict[str, object] = {}
             trows = tier.run_tiers(Path(a.model), slots, policies, routings, tier=a.tier, n_decode=a.n_decode,
                                    profile_rows=a.profile_rows, threads=a.threads, mmap=not a.no_mmap,
                                    pack_host=a.pack_host, cost=None if "default" in policies else cost,
-                                   reps=a.reps, log=print, used=(used := {}))
+                                   reps=a.reps, log=print, used=used)
             for r in trows:
                 if r.chosen:
                     print(f"{r.policy} at {r.slots} slots on {r.routing}: {r.chosen}")
