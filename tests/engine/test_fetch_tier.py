@@ -9,6 +9,7 @@ device's."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,36 @@ def test_a_decode_that_failed_in_a_take_says_where(tiny_qwen: Path, monkeypatch:
         assert synced == [1] and not ctx.sync_first
         ctx.decode([2])
         assert synced == [1]
+
+
+def _idle_cpu_s(seconds: float = 1.0) -> float:
+    """The process's CPU time over `seconds` of doing nothing, after a short settle (the CPU backend's workers poll
+    briefly after a graph, then sleep)."""
+    time.sleep(0.2)
+    t0 = time.process_time()
+    time.sleep(seconds)
+    return time.process_time() - t0
+
+
+def test_no_thread_spins_after_a_fetch_split_tier_ends(tiny_glm: Path) -> None:
+    """What a tier could leave behind that slows the static decode after it (issue: static after the tier rows): no
+    thread keeps running once a fetch-split tier (its take spins while it waits for the device) has ended. The
+    process idles at (nearly) no CPU time after it, as after static decodes: a thread left spinning would burn a
+    share of a core even on a busy 2-core box (checked: a spinning thread started here reads 0.3-1.0 s)."""
+    with Model(tiny_glm, LOAD) as m, Context(m, n_ctx=256, threads=2) as ctx:
+        f = m.facts
+        trunk = [il for il in f.moe_layers if il < f.n_layer]
+        ctx.enable_stats(ring_rows=0)
+        table = replay.from_trace(CHAT, f.n_expert, f.n_expert_used)
+        plan = SlotPlan.uniform(trunk, 12, f.n_expert, offset=5)
+        m.set_slots(plan, pack_host=PACK_HOST)
+        replay.set_replay(ctx.ptr, table)
+        toks = _tokens(m.n_vocab, 48, 2)
+        ctx.decode(toks[:8], prompt=True)
+        for t in toks[8:16]:
+            ctx.decode([t])
+        before = _idle_cpu_s()
+        c = _replayed(m, ctx, plan, 8, table, [1] * 24, share=True)
+        assert c.cpu > 0 and c.uploads > 0                  # the share ran, and so did its take
+        after = _idle_cpu_s()
+    assert after < 0.1 and before < 0.1, (before, after)
