@@ -39,6 +39,12 @@ box (30B-A3B shape, mmap, 6 threads, uniform routing, 8 tier slots of 32, the ov
 ms/token, against 49.4 summed and 32.1 overlapped; from pinned memory the same rows run as overlapped (21.0 ms
 against 20.7). A tier whose pack is in host memory copies synchronously too; its costs come from no GPU
 calibration and keep the overlapped model.
+
+A host tier also costs every layer it moves in (each step) its route node: after the router the CPU scores the
+picks, splits the misses and writes the ids both chains read, so the slot chain waits for a host round trip that
+static's does not (route_ms, measured by engine.route_cost as the host tier that moves nothing against static;
+0 where not measured). On the H100 box's third run the host tier's rows ran 0.3-2.1 ms a token slower than predicted
+beyond static's own error in 7 of 8 cells: about 20 us a layer, not yet measured directly.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class CostModel:
     share_cpu_gbps: float = 0.0     # the CPU's rate on a fetch-split share (0: not measured, cpu_gbps)
     share_overlap_ms: float = 0.0   # per layer, the GPU's own work a fetch-split share runs beside (0: none)
     serial_uploads: bool = False    # a host tier's uploads add to the CPU's work (pageable memory), not overlap it
+    route_ms: float = 0.0           # per layer with a host tier and step: its route node's round trip (0: none)
 
     def ms_per_token(self, gpu_picks: float, cpu_picks: float, uploads: float) -> float:
         mb = self.slab_mb

@@ -9,7 +9,7 @@ Timing model per decode token: the GPU's work (base + resident picks), and per l
 CPU (slab / CPU GB/s each) and synchronous uploads (slab / PCIe GB/s each), which run concurrently, so a layer
 costs max(CPU part, upload part); the split that minimises it uploads m * t_cpu / (t_cpu + t_up) of m misses. From
 pageable memory (cost.serial_uploads) the two parts add, and the least sum uploads every miss it can or none
-(rule_costs: the engine gets the same weights).
+(rule_costs: the engine gets the same weights). With a tier every layer adds its route node (cost.route_ms).
 Prefetches use the PCIe time left over in the token, best-scored misses first. The tier evicts by decayed pick
 frequency (recency and frequency in one score); a prefetch is admitted only when it outscores the weakest tier entry
 not picked by this token.
@@ -237,7 +237,9 @@ class Tier:
             return (cost.fetch_step_ms(self.L, n_tokens) + gpu_picks * self.t_gpu
                     + fetch_layers_ms(cost, up, c, self.mech.cpu_share) + float(up.sum()) * self.t_gpu)
         per_layer = np.maximum(up * self.t_up, c * self.t_cpu) if self.overlap else up * self.t_up + c * self.t_cpu
-        return n_tokens * self.cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
+        route = self.L * cost.route_ms if self.cap > 0 and not self.mech.device else 0.0     # the host tier's node
+        return (n_tokens * cost.base_ms + gpu_picks * self.t_gpu + float(np.sum(per_layer) + up.sum() * self.t_gpu)
+                + route)
 
     def _upload_now(self, ml: np.ndarray, me: np.ndarray, ids: np.ndarray, up: np.ndarray,
                     now_up: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:

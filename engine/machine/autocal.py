@@ -8,8 +8,9 @@ What it measures, each with the engine under uniform replayed routing in a small
    the slots and routing that hits them, three pairs in turn, the CPU's compute by the scheduler's clock
    (engine.cpu_rate);
 2. re-pick and tier uploads from the memory the experts live in (engine.calibrate.upload_gbps);
-3. with the experts pinned and a GPU: the GPU-stepped tier's reading rate, its fixed part, its CPU share's cost per
-   layer and the CPU's rate on that share (engine.fetch_rates).
+3. the host tier's route node per layer (engine.route_cost);
+4. with the experts pinned and a GPU: the GPU-stepped tier's reading rate, its fixed part, its CPU share's cost per
+   layer and what the share runs beside (engine.fetch_rates).
 Mapped experts are read once first (every expert, no slots): their pages would otherwise come in during the first
 measurement. Without a GPU only the first can be measured (a lower bound: both chains run on the CPU), and the record
 says what it skipped. Stored in config.toml under the machine, shape, threads and memory (engine.calibrate.entry_key).
@@ -32,9 +33,10 @@ from . import calibrate
 from .calibrate import Calibration
 from .cpu_rate import cpu_rate
 from .fetch_rates import FetchCosts, fetch_rates
+from .route_cost import route_cost
 
 N_TOKENS = 16           # timed one-token decodes per measurement
-STEPS = 3
+STEPS = 4
 
 
 def _touch_experts(m: Model, ctx: Context, moe: list[int], pack_host: bool) -> None:
@@ -67,11 +69,10 @@ def memory_of(m: Model) -> str:
 
 def stored(m: Model, threads: int) -> Calibration | None:
     """This machine's first-run calibration for this model's shape at `threads` and memory, if there is one that is
-    current: one that measured a fetch-split share before its costs were fitted layer by layer (version < 2: the
-    share's CPU rate fitted on the token's sums, which predicted fetch-split 3-14 % slow on the H100 box) counts as
-    none, so the next session measures it again."""
+    current: one from before version 2 (a fetch-split share fitted on the token's sums, which predicted fetch-split
+    3-14 % slow on the H100 box; no host tier's route) counts as none, so the next session measures it again."""
     c = calibrate.load(shape=shape_of(m.facts), threads=threads, pinned=not m.opts.use_mmap)
-    if c is None or c.kind != "first-run" or (c.share_ms > 0 and c.version < 2):
+    if c is None or c.kind != "first-run" or c.version < 2:
         return None
     return c
 
@@ -106,9 +107,11 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
         up, up_1 = calibrate.upload_gbps(m, moe, f.n_expert, pack_host, rounds=2)
         say(f"uploads: {up:.2f} GB/s batched, {up_1:.2f} GB/s one at a time"
             + (" (host-to-host copies: no GPU)" if pack_host else ""))
+        log(f"3/{n_steps} the host tier's route (--policy hybrid, dynamic) at {S} slots")
+        rc = route_cost(m, moe, S, threads, n_tokens, pack_host, say, ctx=ctx)
         fc = FetchCosts()
         if gpu and pinned:
-            log(f"3/{n_steps} the GPU-stepped tier (--policy fetch, fetch-split) at {S} and {S // 2} slots")
+            log(f"4/{n_steps} the GPU-stepped tier (--policy fetch, fetch-split) at {S} and {S // 2} slots")
             fc = fetch_rates(m, moe, S, threads, n_tokens, False, say,
                              CostModel(slab_mb=f.slab_bytes / 1e6, cpu_gbps=cpu or CostModel.cpu_gbps, base_ms=base),
                              ctx=ctx)
@@ -133,7 +136,7 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
                     cpu_gbps=cpu, base_ms=base, method=method, threads=threads, cpu_threads=(threads,),
                     cpu_gbps_threads=(round(cpu, 3),), base_ms_threads=(round(base, 4),),
                     fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
-                    share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms,
+                    share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms, route_ms=rc.route_ms,
                     unmeasured="; ".join(skipped), kind="first-run", version=calibrate.VERSION,
                     shape=shape_of(m.facts), memory=memory_of(m), seconds=round(secs, 2), raw=tuple(raw))
     try:

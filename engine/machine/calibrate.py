@@ -9,6 +9,8 @@ cost model (and so for `--repick auto`, `--policy auto` and the what-if line).
 - CPU expert rate and the per-token base, at each thread count up to the one asked (1, 2, 4, ..., T): static at S
   slots under routing that misses the slots and routing that hits them, the CPU's compute by the scheduler's clock
   (engine.cpu_rate).
+- the host tier's route node per layer (`--policy hybrid` / `dynamic`): engine.route_cost, the host tier that
+  moves nothing against static, taking turns.
 - the GPU-stepped tier's upload rate and its CPU share's cost per layer (with a GPU, pinned memory; `--policy
   fetch` / `fetch-split`): engine.fetch_rates, differences of decodes with every slot a tier, the bytes counted by
   the engine.
@@ -41,8 +43,9 @@ from ..native import lib as native
 from ..native.expert_cache import SlotPlan
 from .cpu_rate import cpu_rate
 from .fetch_rates import FetchCosts, fetch_rates
+from .route_cost import route_cost
 
-VERSION = 2     # 2: a fetch-split share's costs fitted layer by layer (profiles.sharefit)
+VERSION = 2     # 2: a fetch-split share's costs fitted layer by layer (profiles.sharefit); the host tier's route
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Calibration:
     fetch_base_ms: float = 0.0         # a GPU-stepped tier's token apart from its copies (0: not measured)
     share_cpu_gbps: float = 0.0        # the CPU's rate on a fetch-split share beside the GPU's reads (0: not measured)
     share_overlap_ms: float = 0.0      # per layer, the GPU's own work a fetch-split share runs beside (0: none)
+    route_ms: float = 0.0              # per layer, a host tier's route node beyond static (0: not measured)
     kind: str = "full"                 # "full" (doctor --calibrate) or "first-run" (engine.autocal, one thread count,
                                        # one load mode, this model's shape)
     shape: str = ""                    # the model shape it was measured on (first-run: part of its key)
@@ -103,7 +107,7 @@ class Calibration:
                          base_ms=self.base_at(threads), fetch_gbps=self.fetch_gbps or CostModel.fetch_gbps,
                          share_ms=self.share_ms or CostModel.share_ms, fetch_base_ms=self.fetch_base_ms,
                          share_cpu_gbps=self.share_cpu_gbps, share_overlap_ms=self.share_overlap_ms,
-                         serial_uploads=not pinned)
+                         route_ms=self.route_ms, serial_uploads=not pinned)
 
     def cpu_at(self, threads: int | None) -> float:
         """The CPU expert rate at `threads`: as measured there, else linear between the nearest thread counts
@@ -133,6 +137,7 @@ class Calibration:
                 + (f", its CPU at {self.share_cpu_gbps:.1f} GB/s" if self.share_cpu_gbps else "")
                 + (f", beside {1000 * self.share_overlap_ms:.0f} us/layer of the GPU's own work"
                    if self.share_overlap_ms else "")
+                + (f"; host tier's route {1000 * self.route_ms:.0f} us/layer" if self.route_ms else "")
                 + (f"; GPU-stepped token {self.fetch_base_ms:.2f} ms apart from its copies" if self.fetch_base_ms
                    else "")
                 + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
@@ -333,6 +338,7 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
         S = slots if slots is not None else f.n_expert // 2
         by = {t: cpu_rate(m, moe, t, n_tokens, S, pack_host, log) for t in thread_counts(top)}
         pp = (0.0, 0.0) if pack_host else _prompt_rates(m, moe, S, top, log)
+        rc = route_cost(m, moe, S, top, n_tokens, pack_host, log)
     cpu_gbps, base, method = by[top]
     pinned = pinned_1 = 0.0
     fc = FetchCosts()
@@ -359,7 +365,7 @@ def run(model_path: Path, *, threads: int | None = None, n_tokens: int = 32, slo
                        base_ms_threads=tuple(round(v[1], 4) for v in by.values()),
                        upload_pageable_single_gbps=pageable_1, upload_pinned_single_gbps=pinned_1,
                        fetch_gbps=fc.gbps, share_ms=fc.share_ms, fetch_base_ms=fc.base_ms,
-                       share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms, raw=fc.raw,
-                       version=VERSION,
+                       share_cpu_gbps=fc.share_cpu_gbps, share_overlap_ms=fc.share_overlap_ms,
+                       route_ms=rc.route_ms, raw=rc.raw + fc.raw, version=VERSION,
                        host_copy_gbps=host, unmeasured=unmeasured, prompt_stream_tok_s=pp[0], prompt_cpu_tok_s=pp[1],
                        prompt_stream_pinned_tok_s=pp_pinned[0], prompt_cpu_pinned_tok_s=pp_pinned[1])

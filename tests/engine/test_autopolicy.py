@@ -55,8 +55,9 @@ def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path,
         notices = list(e.notices)
     finally:
         e.close()
-    assert said[0].startswith("calibrating for --policy auto") and any(s.startswith("1/2 ") for s in said), said
-    assert any(s.startswith("2/2 uploads") for s in said) and said[-1].startswith("calibrated in"), said
+    assert said[0].startswith("calibrating for --policy auto") and any(s.startswith("1/3 ") for s in said), said
+    assert any(s.startswith("2/3 uploads") for s in said) and said[-1].startswith("calibrated in"), said
+    assert any(s.startswith("3/3 the host tier's route") for s in said), said
     assert any("not measured: uploads over PCIe and the GPU-stepped tier" in n for n in notices), notices
     assert snap.progress == "" and snap.policy_line.startswith("auto: ") and "first-run calibration" in \
         snap.policy_line, snap.policy_line
@@ -64,6 +65,8 @@ def test_first_run_calibration_on_the_cpu_engine(tiny_glm: Path, tmp_path: Path,
     (key, entry), = table.items()
     assert " | 2 threads | pageable" in key and "x 16 experts (4 used)" in key
     assert entry["kind"] == "first-run" and entry["cpu_gbps"] > 0 and len(entry["raw"]) >= 3
+    assert entry["version"] == calibrate.VERSION and entry["route_ms"] > 0, entry   # the host tier's route, measured
+    assert any(r.startswith("the host tier's route: ") for r in entry["raw"]), entry["raw"]
     line = r"2 threads, 6 slots, {} routing: [\d.]+ ms/token, ([\d.]+) CPU picks/token, CPU compute [\d.]+ ms"
     picks = {w: [float(x) for x in re.findall(line.format(w), "\n".join(entry["raw"]))]
              for w in ("miss", "hit")}
@@ -92,7 +95,7 @@ def _calibrated(cfg_home: Path, tiny_glm: Path) -> None:
     calibrate.save(calibrate.Calibration(
         machine=calibrate.machine_id(), date="2026-12-06", model="m", slab_mb=1.0, upload_pageable_gbps=1e3,
         upload_pinned_gbps=0.0, cpu_gbps=1.0, base_ms=1.0, method="split", threads=2, kind="first-run",
-        shape=shape, memory="pageable"))
+        shape=shape, memory="pageable", version=calibrate.VERSION))
 
 
 @pytest.mark.parametrize("first_x,runner_up_faster,near_tie", [(10, True, False), (10, False, False),
@@ -234,10 +237,9 @@ def test_the_benchs_settled_default_is_what_the_self_check_keeps() -> None:
     assert not asked and kept.policy == SETTLED and kept.ms_per_token_median == 10.2 and kept.chosen.endswith("kept")
 
 
-def test_a_share_fitted_on_the_tokens_sums_is_measured_again(tiny_glm: Path, cfg_home: Path) -> None:
-    """A first-run calibration that measured a fetch-split share before the per-layer fit (no version) counts as
-    none, so the next session measures it again; one from now counts, and so does an old one without a share (an
-    mmap'ed model's: nothing in it changed)."""
+def test_a_calibration_from_before_version_2_is_measured_again(tiny_glm: Path, cfg_home: Path) -> None:
+    """A first-run calibration from before version 2 (a fetch-split share fitted on the token's sums, no host tier's
+    route) counts as none, so the next session measures it again; one from now counts."""
     import dataclasses
     from types import SimpleNamespace
 
@@ -254,5 +256,5 @@ def test_a_share_fitted_on_the_tokens_sums_is_measured_again(tiny_glm: Path, cfg
     assert autocal.stored(pinned, 2) is None                                        # ...and stale
     calibrate.save(dataclasses.replace(old, version=calibrate.VERSION, share_overlap_ms=0.02))
     assert autocal.stored(pinned, 2) is not None
-    calibrate.save(dataclasses.replace(old, share_ms=0.0, share_cpu_gbps=0.0))      # no share measured: current
-    assert autocal.stored(pinned, 2) is not None
+    calibrate.save(dataclasses.replace(old, share_ms=0.0, share_cpu_gbps=0.0))      # no share, but no route either
+    assert autocal.stored(pinned, 2) is None

@@ -221,3 +221,26 @@ def test_the_fetch_mechanism_uploads_every_miss_and_the_split_shares_them() -> N
     assert [hybrid.share_copies(m, 1.0, 6) for m in range(6)] == [0, 0, 1, 1, 2, 2]
     assert hybrid.share_copies(5, 4.0, 6) == 4 and hybrid.share_copies(5, 0.25, 6) == 1
 
+
+
+def test_a_host_tier_pays_its_route_in_every_layer_and_step() -> None:
+    """route_ms (the host tier's route node, engine.route_cost): every step of a host tier costs it in every layer;
+    static (no tier) and a GPU-stepped tier (no route node) do not; and a route dear enough keeps `auto` on static
+    where a cheap one chose a tier."""
+    from moeslots.profiles.policy import choose_policy
+    from moeslots.profiles.repick import Picks
+
+    P = _drifting(300, 3, 32, 4, hot=8, every=100)
+    core = np.zeros((3, 32), bool)
+    core[:, :8] = True
+    cost = CostModel(slab_mb=1.0, cpu_gbps=5.0, pcie_gbps=55.0, base_ms=1.0)
+    routed = dataclasses.replace(cost, route_ms=0.25)
+    for tier, mech, extra in ((4, hybrid.ENGINE, 3 * 0.25), (0, hybrid.ENGINE, 0.0), (8, hybrid.FETCH, 0.0)):
+        a = hybrid.simulate_hybrid(P, core, tier, cost, mech=mech, prefetch=False)
+        b = hybrid.simulate_hybrid(P, core, tier, routed, mech=mech, prefetch=False)
+        assert b.ms_per_token == pytest.approx(a.ms_per_token + extra), (tier, mech)
+        assert (b.hit_rate, b.sync_uploads_per_token) == (a.hit_rate, a.sync_uploads_per_token)   # costs only
+    pk = Picks(_drifting(600, 2, 64, 4, hot=8, every=150), [0, 1], 64)
+    cheap = CostModel(slab_mb=3.0, cpu_gbps=5.0, pcie_gbps=55.0)
+    assert choose_policy(pk, 16, cheap)[0] in ("hybrid", "dynamic")
+    assert choose_policy(pk, 16, dataclasses.replace(cheap, route_ms=5.0))[0] == "static"
