@@ -24,12 +24,13 @@ derived as base less the round trips plus fetch_layer_ms a layer only when not m
 reads host memory beside it, and share_overlap_ms, the GPU's own work in a layer (its slot chain after the fetch
 node publishes the share) that the share runs beside as well as the copies: a layer costs the larger of copies plus
 that work and the CPU part, less that work (it is in fetch_base_ms), plus share_ms (profiles.split.fetch_layers_ms).
-Either is fitted to a fetch-split decode whose per-layer split the simulator reproduces (profiles.sharefit): fitted
-on the token's sums, ignoring that each layer pays the larger of its two parts, the model predicted its own
-calibration 3-4 % slow and the H100 box's fetch-split rows 3-14 % slow, most at high hit rates; fitted per layer
-(the CPU at its own rate), the GPU's work beside the share came out 34 us a layer at 16 threads and 16 at 6, and
-the same rows within -3 to +6 % (tests/engine/test_share_recorded.py). The engine splits a fetch-split tier's
-misses by the two rates (not by the overlap).
+Either is fitted to fetch-split decodes whose split the simulator reproduces (profiles.sharefit): fitted on the
+token's sums, ignoring that each layer pays the larger of its two parts, the model predicted its own calibration
+5 % slow and the H100 box's fetch-split rows 2-14 % slow, most at high hit rates; fitted per layer (the CPU at its
+own rate), the GPU's work beside the share came out 34 us a layer at 16 threads (22-45 from one decode alone), at
+6 threads within the decodes' noise (not fitted), and the same rows within -3 to +6 %
+(tests/engine/test_share_recorded.py). The engine splits a fetch-split tier's misses by the two rates (not by the
+overlap).
 
 Uploads from pageable memory (an mmap'ed model) do not overlap the CPU's experts: an asynchronous copy from pageable
 memory returns only once the driver has staged it through its own pinned buffer, and the host tier's step (patch

@@ -140,7 +140,10 @@ class Calibration:
                 + (f"; host tier's route {1000 * self.route_ms:.0f} us/layer" if self.route_ms else "")
                 + (f"; GPU-stepped token {self.fetch_base_ms:.2f} ms apart from its copies" if self.fetch_base_ms
                    else "")
-                + (f"; not measured: {self.unmeasured}" if self.unmeasured else ""))
+                + (f"; not measured: {self.unmeasured}" if self.unmeasured else "")
+                + ("; measured by an earlier version (no host tier's route, fetch-split's share fitted on the "
+                   "token's sums): " + ("measured again at the next first run" if self.kind == "first-run" else
+                                        "run `moeslots doctor --calibrate` again") if self.version < VERSION else ""))
 
 
 def _at(threads: int | None, counts: tuple[int, ...], values: tuple[float, ...], default: float) -> float:
@@ -217,8 +220,9 @@ def load_all(machine: str | None = None, path: Path | None = None) -> list[Calib
 def _entry(d: object) -> Calibration | None:
     if not isinstance(d, dict):
         return None
-    try:
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    known = {f.name for f in dataclasses.fields(Calibration)}
+    try:                            # (a key this version does not know, written by a later one, is left out)
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
         c = Calibration(**values)
     except TypeError:
         return None

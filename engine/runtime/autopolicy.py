@@ -14,7 +14,7 @@ import numpy as np
 from ...profiles.policy import Decision, decide_policy
 from ...profiles.trace import Trace, TraceError, from_ring, read_csv
 from ..llm.model import default_threads
-from ..machine import autocal
+from ..machine import autocal, calibrate
 from ..native import lib as native
 from .autocheck import AutoCheck
 
@@ -53,10 +53,12 @@ class AutoPolicy:
         self._calibrate(slots, gpu)
         cost, source = eng.cost_model()
         pinned = not eng.model.opts.use_mmap
-        cal = autocal.stored(eng.model, self._threads())
+        # fetch-split only where the calibration the costs come from measured its share (a stale one too, where the
+        # first-run calibration is off: the costs are that one's)
+        share = calibrate.share_measured(shape=autocal.shape_of(eng.model.facts), threads=self._threads(),
+                                         pinned=pinned)
         try:
-            d = decide_policy(routing, slots, cost, fetch=gpu and pinned,
-                                         share=cal is not None and cal.share_ms > 0)
+            d = decide_policy(routing, slots, cost, fetch=gpu and pinned, share=share)
         except (TraceError, ValueError) as e:
             return "static", 0, f"static ({e})"
         self.decision, self.check = d, AutoCheck(d)

@@ -104,6 +104,13 @@ def test_an_entry_from_before_the_thread_and_single_copy_fields_loads(cfg_home: 
     assert c is not None and c.cpu_threads == () and c.unmeasured == ""
     assert (c.cost_model().pcie_gbps, c.cost_model(pinned=True).pcie_gbps, c.cost_model(threads=4).cpu_gbps) == \
         (6.7, 26.8, 80.0)
+    # measured by an earlier version: doctor says so, and what to do
+    assert c.version == 0 and "measured by an earlier version" in c.render()
+    assert "run `moeslots doctor --calibrate` again" in c.render()
+    assert "earlier version" not in dataclasses.replace(c, version=calibrate.VERSION).render()
+    # a key a later version wrote (unknown here) is left out, not the whole entry
+    cfg_home.write_text(cfg_home.read_text() + "a_later_field = 1.5\n")
+    assert calibrate.load() == c
 
 
 def test_prompt_batches_take_the_way_the_calibration_measured_faster(cfg_home: Path) -> None:
@@ -154,7 +161,7 @@ def test_the_fetch_costs_are_measured_from_the_tiers_own_counts(tiny_glm: Path) 
     shared = "GPU-stepped tier with a CPU share"
     assert [line.split(",")[0] for line in runs[:8]] == (["GPU-stepped tier"] * 2 + [shared, "GPU-stepped tier"]
                                                          + [shared] * 2 + ["GPU-stepped tier", shared]), logs
-    assert len(runs) in (8, 9) and all(line.startswith(shared) for line in runs[8:]), logs   # the second share
+    assert 8 <= len(runs) <= 7 + fetch_rates.SHARE_FITS and all(line.startswith(shared) for line in runs[8:]), logs
     assert 0 < mb[0] < mb[1] and mb[1:7] == [mb[1]] * 6, logs                   # dear shares copy every miss
     assert "CPU misses" in runs[7] and mb[7] < mb[1], logs                      # a cheap CPU takes misses
     assert not any("CPU misses" in line for line in runs[:7])
@@ -208,10 +215,10 @@ def _known_machine(monkeypatch: pytest.MonkeyPatch, truth: dict[str, float], cou
     the machine's costs split as the simulator splits the calibration's routing, timed by the cost model with the
     `truth` (share_overlap_ms / share_cpu_gbps) the fit must find; count: what the machine reports of its CPU
     misses (int: the simulator's)."""
-    fixed = iter([(25.0, 100.0, 0), (35.0, 200.0, 0),      # S, S/2 plain: 10 GB/s, 15 ms fixed
-                  (35.8, 200.0, 0),                         # round 0: dear share (its plain run is the S/2 run)
-                  (35.0, 200.0, 0), (36.2, 200.0, 0),       # round 1: plain, dear share
-                  (80.0, 200.0, 0), (35.0, 200.0, 0)])      # round 2: dear share (an outlier), plain
+    fixed = iter([(10.5, 100.0, 0), (20.5, 200.0, 0),      # S, S/2 plain: 10 GB/s, 0.5 ms fixed
+                  (20.6, 200.0, 0),                         # round 0: dear share (its plain run is the S/2 run)
+                  (20.5, 200.0, 0), (20.7, 200.0, 0),       # round 1: plain, dear share
+                  (67.0, 200.0, 0), (20.5, 200.0, 0)])      # round 2: dear share (an outlier), plain
     costs: list[CostModel] = []
     f = _FakeModel.facts
     P = replay.uniform(4096, 2, f.n_expert, f.n_expert_used, seed=4).per_layer([0, 1])[8:17]
@@ -232,20 +239,28 @@ def _known_machine(monkeypatch: pytest.MonkeyPatch, truth: dict[str, float], cou
     monkeypatch.setattr(fetch_rates.replay, "set_replay", lambda *a: None)
     fc = fetch_rates.fetch_rates(_FakeModel(), [0, 1], 24, 2, 8, True, logs.append,  # type: ignore[arg-type]
                                  CostModel(slab_mb=2.0, cpu_gbps=30.0))
-    assert fc.gbps == pytest.approx(10.0) and fc.base_ms == pytest.approx(15.0)
-    assert fc.share_ms == pytest.approx(1.2 / 2)               # median of 0.8, 1.2, 45 ms over 2 layers
-    assert costs[-1].fetch_base_ms == pytest.approx(15.0) and costs[-1].fetch_gbps == pytest.approx(10.0)
+    assert fc.gbps == pytest.approx(10.0) and fc.base_ms == pytest.approx(0.5)
+    assert fc.share_ms == pytest.approx(0.2 / 2)               # median of 0.1, 0.2, 46.5 ms over 2 layers
+    assert costs[-1].fetch_base_ms == pytest.approx(0.5) and costs[-1].fetch_gbps == pytest.approx(10.0)
     assert costs[7].share_cpu_gbps == costs[7].share_overlap_ms == 0.0      # the first share: the CPU's own rate
     return costs, logs
 
 
 def test_the_share_fit_finds_the_gpus_work_beside_the_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A share that hides partly behind 50 us of the GPU's own work a layer: the fit finds 50 us and the CPU at its
-    own rate; the second share is split as the first (the overlap does not move the split)."""
-    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.05})
+    """A share that hides partly behind 100 us of the GPU's own work a layer: the fit finds 100 us and the CPU at its
+    own rate; every share is split as the first (the overlap does not move the split)."""
+    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.1})
     fits = [line for line in logs if line.startswith("fetch-split share fitted per layer")]
-    assert len(fits) == 2 and "the GPU's work beside the share 50.0 us/layer" in fits[-1], logs
-    assert costs[-1].share_overlap_ms == pytest.approx(0.05) and costs[-1].share_cpu_gbps == 0.0
+    assert len(fits) == fetch_rates.SHARE_FITS and "the GPU's work beside the share 100.0 us/layer" in fits[-1], logs
+    assert costs[-1].share_overlap_ms == pytest.approx(0.1) and costs[-1].share_cpu_gbps == 0.0
+
+
+def test_a_share_within_the_noise_is_not_fitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share whose decodes come within 2 % of the unfitted prediction (here 20 us of overlap, 1 %): nothing is
+    fitted (one 16-token decode moves about that much), and the line says so."""
+    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.02})
+    assert costs[-1].share_overlap_ms == costs[-1].share_cpu_gbps == 0.0
+    assert "the CPU at its own rate, no overlap (within the decodes' noise)" in logs[-1], logs
 
 
 def test_the_share_fit_finds_a_slow_share(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -259,7 +274,7 @@ def test_the_share_fit_finds_a_slow_share(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_share_the_simulator_does_not_reproduce_is_not_fitted(monkeypatch: pytest.MonkeyPatch) -> None:
     """If the engine's counts are not the simulator's split of the same routing, the share's costs are not fitted
     (the CPU at its own rate, no overlap) and one line says why."""
-    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.05}, count=lambda n: n + 1)
+    costs, logs = _known_machine(monkeypatch, {"share_overlap_ms": 0.1}, count=lambda n: n + 1)
     assert logs[-1].startswith("the CPU share's split is not the simulator's"), logs
     assert len(costs) == 8                                      # no second share
 
