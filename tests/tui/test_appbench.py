@@ -16,6 +16,9 @@ from moeslots.engine.machine import bundled
 
 FLOOR = 0.75
 ATTEMPTS = 3          # a timing test on a shared runner: the best of three must clear the floor
+QUIET = 0.5           # other processes' cores (as the bench reads them) under which a run speaks for the app: with
+                      # a second test suite beside it (1.0-1.5 cores) the app, two busy threads against the engine's
+                      # one, fell to 31-72 % while the same commit alone read 91-103 %
 
 
 def _bench(tmp_path: Path, *flags: str) -> dict:
@@ -31,15 +34,21 @@ def _bench(tmp_path: Path, *flags: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("--no-mtp",), ()], ids=["mtp-off", "mtp-auto"])
 def test_the_app_decodes_near_the_engine_speed(tmp_path: Path, flags: tuple[str, ...]) -> None:
-    seen = []
+    """The best of ATTEMPTS runs clears FLOOR; a run with other processes above QUIET cores says nothing about the
+    app (it is starved, not slow): if every run was busy, the speed is not judged (the text still is)."""
+    seen, quiet = [], 0
     for _ in range(ATTEMPTS):
         res = _bench(tmp_path, *flags)
         assert res["same_text"], "the app's reply differs from the engine alone's"
         assert res["engine"]["tokens"] == res["app"]["tokens"]
+        others = max(res["engine"]["others"], res["app"]["others"])
+        quiet += others <= QUIET
         seen.append(f"{100 * res['ratio']:.0f} % (engine {res['engine_median']:.0f}, app {res['app_median']:.0f} "
                     f"tok/s, other processes {res['engine']['others']:.1f}/{res['app']['others']:.1f} cores)")
         if res["ratio"] >= FLOOR:
             return
+    if not quiet:
+        pytest.skip(f"other processes took over {QUIET} cores in every run: " + "; ".join(seen))
     pytest.fail(f"app / engine below {100 * FLOOR:.0f} % in {ATTEMPTS} runs: " + "; ".join(seen))
 
 
