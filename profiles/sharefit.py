@@ -1,4 +1,4 @@
-"""A fetch-split share's costs fitted to one measured decode, layer by layer.
+"""A fetch-split share's costs fitted to measured decodes, layer by layer.
 
 A GPU-stepped tier with a CPU share (`--policy fetch-split`) costs, per layer, the larger of its copies plus the
 GPU's own work beside the share (share_overlap_ms) and its CPU part, less that work, plus share_ms
