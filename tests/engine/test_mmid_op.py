@@ -9,13 +9,15 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
 SOURCE = Path(__file__).with_name("mmid_op.cpp")
 
 
-def build_op_test(out: Path, source: Path = SOURCE, name: str = "mmid_op") -> Path:
+def build_op_test(out: Path, source: Path = SOURCE, name: str = "mmid_op", includes: Sequence[Path] = ()) -> Path:
+    """A C++ test program built against the installed engine's ggml (includes: more header folders)."""
     import llama_cpp
 
     pkg = Path(llama_cpp.__file__).resolve().parent
@@ -24,8 +26,8 @@ def build_op_test(out: Path, source: Path = SOURCE, name: str = "mmid_op") -> Pa
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = out / name
-    subprocess.run([cxx, "-O2", "-std=c++17", str(source), f"-I{inc}", f"-L{lib}", "-lggml", "-lggml-base",
-                    "-lggml-cpu", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
+    subprocess.run([cxx, "-O2", "-std=c++17", str(source), f"-I{inc}", *(f"-I{d}" for d in includes), f"-L{lib}",
+                    "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
     return exe
 
 
