@@ -96,7 +96,7 @@ def run(m: Model, *, threads: int, slots: int, pack_host: bool, log: Callable[[s
 
     n_steps = STEPS if gpu and pinned else STEPS - 1
     log(f"calibrating for --policy auto (the first run of this model shape here, {threads} threads, "
-        f"{memory_of(m)} experts; about {8 if not pinned else 14} s with a GPU)")
+        f"{memory_of(m)} experts; about {10 if not pinned else 17} s with a GPU)")
     with Context(m, n_ctx=max(n_tokens, f.n_expert // max(1, f.n_expert_used)) + 16, n_batch=16,
                  threads=threads) as ctx:
         if not pinned:
