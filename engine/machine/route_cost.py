@@ -89,7 +89,10 @@ def route_cost(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, pa
         m.set_slots(SlotPlan({}), pack_host=pack_host)
         if own:
             ctx.close()
-    diffs = [(a - b) / max(1, layers) for a, b in zip(ms[True], ms[False])]
+    if layers == 0:
+        log("the host tier's route: not measured (no layer took a tier)")
+        return RouteCost(raw=tuple(raw))
+    diffs = [(a - b) / layers for a, b in zip(ms[True], ms[False])]
     route = max(float(np.median(diffs)), MIN_ROUTE_MS)
     line = f"the host tier's route: {1000 * route:.1f} us a layer ({layers} layers with a tier)"
     raw.append(line)
