@@ -78,7 +78,7 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
     source = "given"
     if cost is None:
         cost, source = calibrate.costs_for(f.slab_bytes, pinned=not mmap, threads=T, shape=autocal.shape_of(f))
-    cal = calibrate.load(shape=autocal.shape_of(f), threads=T, pinned=not mmap)
+    cal = calibrate.load(shape=autocal.shape_of(f), threads=T, pinned=not mmap)   # the one the costs come from
     if used is not None:                # what predicted the rows, to explain them later
         used.update(cost=dataclasses.asdict(cost), source=source, calibration=list(cal.raw) if cal else [])
     ctx = Context(m, n_ctx=n_decode + 64, threads=threads)
@@ -109,8 +109,7 @@ def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[s
                         chosen, d, why = "static", 0, "static (the default without a GPU)"
                     elif pol in ("auto", "default"):
                         decision = decide_policy(Picks(prof, moe, f.n_expert), s, cost, fetch=not (pack_host or mmap),
-                                                 share=calibrate.share_measured(shape=autocal.shape_of(f),
-                                                                                threads=T, pinned=not mmap))
+                                                 share=cal is not None and cal.share_ms > 0)
                         chosen, d, why = decision.policy, decision.tier, decision.why
                     else:
                         chosen, d, why = pol, tier_slots(pol, s, tier, used=f.n_expert_used), ""

@@ -70,7 +70,7 @@ def memory_of(m: Model) -> str:
 def stored(m: Model, threads: int) -> Calibration | None:
     """This machine's first-run calibration for this model's shape at `threads` and memory, if there is one that is
     current: one from before version 2 (a fetch-split share fitted on the token's sums, which predicted fetch-split
-    3-14 % slow on the H100 box; no host tier's route) counts as none, so the next session measures it again."""
+    2-14 % slow on the H100 box; no host tier's route) counts as none, so the next session measures it again."""
     c = calibrate.load(shape=shape_of(m.facts), threads=threads, pinned=not m.opts.use_mmap)
     if c is None or c.kind != "first-run" or c.version < calibrate.VERSION:
         return None

@@ -117,6 +117,7 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                                         share_ms=share_ms, share_cpu_gbps=0.0, share_overlap_ms=0.0)
                 first = np.zeros((len(moe), f.n_expert), bool)
                 first[:, :sizes[1]] = True
+                P = routing.per_layer(moe)[8:len(toks)]                 # the warm-up decode's row, then the timed
                 runs: list[tuple[Steps, float]] = []      # every share decode so far, fitted together
                 for i in range(SHARE_FITS):
                     r = run(sizes[1], True, c)
@@ -128,7 +129,7 @@ def fetch_rates(m: Model, moe: list[int], S: int, threads: int, n_tokens: int, p
                         break
                     if line.gbps <= 0:          # the line unknown: not fitted
                         break
-                    steps = share_steps(routing.per_layer(moe)[8:len(toks)], sizes[1], c, initial=first, warmup=1)
+                    steps = share_steps(P, sizes[1], c, initial=first, warmup=1)
                     sim_mb = steps.copies * f.slab_bytes / 1e6 / max(1, steps.tokens)
                     if steps.cpu_misses != r.cpu or abs(sim_mb - r.mb) > 1e-6 * max(1.0, r.mb):
                         log(f"the CPU share's split is not the simulator's ({r.mb:.1f} MB copied/token and {r.cpu} "
