@@ -57,6 +57,8 @@ def main() -> None:
     slot_counts = [] if slots_arg == "-" else [int(x) for x in slots_arg.split(",")]
     n = int(sys.argv[4]) if len(sys.argv) > 4 else 48
     n_cal = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    if n_cal < 1 and slot_counts:
+        sys.exit("the trace splits fetch-split by a calibration of this machine: CALIBRATIONS must be at least 1")
     with Model(path, LoadOptions(experts_on_host=True, use_mmap=False)) as m:
         f = m.facts
         moe = [il for il in f.moe_layers if il < f.n_layer]

@@ -1,0 +1,88 @@
+"""Whether the CPU's expert rate settles after a model's load: static decodes from the moment the load ends, for
+SECONDS, at each thread count in turn. Each reading is one pair, as the first-run calibration reads the CPU
+(engine.cpu_rate): 16 one-token decodes at S slots under routing that misses the slots and 16 under routing that hits
+them; the CPU's rate is the miss reading's extra CPU picks over the time between the two walls. A calibration taken
+right after the load reads what the first rows print; a session minutes later runs at what the last rows print.
+Uniform replayed routing, experts pinned (mapped with --mmap). Without a GPU the packs stay in host memory and both
+readings cost about the same: the rate is then not measurable, and the rows say so.
+Usage: python3 -P scripts/h200/settle.py MODEL.gguf [THREADS,...] [SECONDS] [SLOTS] [--mmap]"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from moeslots.engine.llm.model import Context, LoadOptions, Model
+from moeslots.engine.machine.fetch_rates import decode_ms
+from moeslots.engine.native import lib as native
+from moeslots.engine.native import replay, routing_stats
+from moeslots.engine.native.expert_cache import SlotPlan
+
+N = 16          # timed one-token decodes per reading, as the first-run calibration
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if not args:
+        sys.exit(__doc__)
+    path = Path(args[0])
+    thread_counts = [int(x) for x in (args[1] if len(args) > 1 else "6,16").split(",")]
+    seconds = float(args[2]) if len(args) > 2 else 150.0
+    S = int(args[3]) if len(args) > 3 else 64
+    mmap = "--mmap" in sys.argv
+    pack_host = not native.gpus()
+    t0 = time.perf_counter()
+    with Model(path, LoadOptions(experts_on_host=True, use_mmap=mmap)) as m:
+        loaded = time.perf_counter()
+        f = m.facts
+        moe = [il for il in f.moe_layers if il < f.n_layer]
+        S = max(f.n_expert_used, min(S, f.n_expert - 1))
+        print(f"loaded in {loaded - t0:.1f} s ({'mmap' if mmap else 'pinned'}{', no GPU' if pack_host else ''}); "
+              f"{len(moe)} MoE layers, {f.n_expert} experts, {S} slots", flush=True)
+        routes = {"miss": replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1),
+                  "hit": replay.uniform(4096, len(moe), S, f.n_expert_used, seed=2)}
+        toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, N + 9)]
+        m.set_slots(SlotPlan({il: tuple(range(S)) for il in moe}), pack_host=pack_host)
+        ctxs = {t: Context(m, n_ctx=N + 64, threads=t) for t in thread_counts}
+        rows: dict[int, list[tuple[float, float]]] = {t: [] for t in thread_counts}
+        print("| s after the load | threads | miss ms | hit ms | CPU picks | CPU GB/s (walls) |\n" + "|---" * 6 + "|",
+              flush=True)
+        try:
+            while time.perf_counter() - loaded < seconds:
+                for threads, ctx in ctxs.items():
+                    ms = {}
+                    picks = 0.0
+                    for what in ("miss", "hit"):
+                        replay.set_replay(ctx.ptr, routes[what])
+                        ctx.reset()
+                        ctx.enable_stats(ring_rows=0)
+                        ctx.decode(toks[:8], prompt=True)
+                        ctx.decode([toks[8]])
+                        routing_stats.reset(ctx.ptr)
+                        ms[what] = decode_ms(ctx, toks[9:])
+                        if what == "miss":
+                            picks = float(ctx.read_stats().misses.sum()) / N
+                    dt = ms["miss"] - ms["hit"]
+                    gbps = picks * f.slab_bytes / 1e6 / dt if dt > 0 and not pack_host else 0.0
+                    at = time.perf_counter() - loaded
+                    rows[threads].append((at, gbps))
+                    print(f"| {at:.0f} | {threads} | {ms['miss']:.2f} | {ms['hit']:.2f} | {picks:.1f} | "
+                          + (f"{gbps:.1f} |" if gbps else "not measurable |"), flush=True)
+        finally:
+            for ctx in ctxs.values():
+                replay.set_replay(ctx.ptr, None)
+                ctx.close()
+            m.set_slots(SlotPlan({}), pack_host=pack_host)
+        for threads, rs in rows.items():
+            first = [g for at, g in rs if at < 30 and g]
+            last = [g for at, g in rs if at >= seconds - 30 and g]
+            if first and last:
+                print(f"{threads} threads: {np.median(first):.1f} GB/s in the first 30 s, {np.median(last):.1f} in the "
+                      f"last 30 s ({np.median(last) / np.median(first):.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
