@@ -56,9 +56,12 @@ __global__ void busy(long long cycles) {            // the GPU's own work in the
     while (clock64() - t0 < cycles) { }
 }
 
-__global__ void wait_spin(const Stage * st, const uint32_t * seq) {
+__global__ void wait_spin(const Stage * st, const uint32_t * seq, int * timed_out) {
     const uint32_t s = *seq;
-    while (st->done.v != s) { __nanosleep(64); }
+    for (long long i = 0; st->done.v != s; ++i) {
+        if (i > (1ll << 24)) { *timed_out = 1; return; }     // about a second: the worker did not answer
+        __nanosleep(64);
+    }
     __threadfence_system();
 }
 
@@ -137,6 +140,7 @@ struct Bench {
     Stage * st;             // host pointer
     Stage * dst;            // its device address
     uint32_t * seq;         // device memory: the layer counter
+    int * timed_out;        // device memory: set by a wait that gave up
     float * x;
     float * y;
     CUdeviceptr done_dev;
@@ -147,7 +151,7 @@ struct Bench {
         publish<<<1, 256, 0, s>>>(dst, seq, x);
         busy<<<1, 1, 0, s>>>(gpu_cycles);
         for (int e = 0; e < extra; ++e) tiny<<<1, 32, 0, s>>>(y);
-        if (w == Wait::spin) wait_spin<<<1, 1, 0, s>>>(dst, seq);
+        if (w == Wait::spin) wait_spin<<<1, 1, 0, s>>>(dst, seq, timed_out);
         if (w == Wait::value) {
             CUresult r = wait_value((CUstream) s, done_dev, value, CU_STREAM_WAIT_VALUE_EQ);
             if (r != CUDA_SUCCESS) { printf("cuStreamWaitValue32 failed: %d\n", (int) r); exit(1); }
@@ -181,6 +185,9 @@ struct Bench {
         CK(cudaStreamSynchronize(s));
         const double us = (now_us() - t0) / (tokens * layers);
         if (exec) CK(cudaGraphExecDestroy(exec));
+        int bad = 0;
+        CK(cudaMemcpy(&bad, timed_out, 4, cudaMemcpyDeviceToHost));
+        if (bad) { printf("a wait gave up: the worker did not answer\n"); exit(1); }
         return us;
     }
 };
@@ -207,6 +214,8 @@ int main(int argc, char ** argv) {
     b.done_dev = (CUdeviceptr) &b.dst->done.v;
     CK(cudaMalloc(&b.seq, 4));
     CK(cudaMemset(b.seq, 0, 4));
+    CK(cudaMalloc(&b.timed_out, 4));
+    CK(cudaMemset(b.timed_out, 0, 4));
     CK(cudaMalloc(&b.x, N_EMBD * 4));
     CK(cudaMalloc(&b.y, N_EMBD * 4));
     CK(cudaMemset(b.x, 0, N_EMBD * 4));
