@@ -117,7 +117,8 @@ def test_what_a_new_user_gets_after_the_self_check(tb: ModuleType) -> None:
     """The defaults' lines: the default's first choice against the best named policy and llama.cpp's cache, and the
     default after auto's self-check where the bench measured it (not counted as "the best")."""
     cell = {"load": "pinned", "threads": 16, "routing": "uniform", "slots": 32}
-    ours = [dict(cell, policy="default", tok_s=65.3), dict(cell, policy="default, settled", tok_s=71.3),
+    ours = [dict(cell, policy="default", tok_s=65.3, chosen="fetch: 16 core + 16 tier slots"),
+            dict(cell, policy="default, settled", tok_s=71.3),
             dict(cell, policy="fetch-split", tok_s=70.8), dict(cell, policy="static", tok_s=65.9)]
     lines = tb._defaults(ours, lambda load, t, routing, mib, test: 43.5 if mib == 3888 else 60.0, {32: 3888})
     assert lines[2] == ("- pinned, 16 threads, 32 slots, uniform: default 65.3 tok/s = 0.92 of the best (fetch-split "
@@ -128,6 +129,23 @@ def test_what_a_new_user_gets_after_the_self_check(tb: ModuleType) -> None:
     assert lines[2].startswith("- pinned, 16 threads, 32 slots, uniform: default 65.3 tok/s = 0.92 of the best "
                                "(fetch-split 70.8; static measured once before the turns 73.0, the default 0.89 of "
                                "it), 1.50x llama.cpp's cache"), lines
+    assert lines[-1] == "- the default chose the best row's policy in 0 of 1 cells; its speed was within 5 % of the " \
+                        "best in 0 of 1", lines
+
+
+def test_a_default_that_ran_the_best_policy_is_said_so(tb: ModuleType) -> None:
+    """A default that chose the best row's own policy: the gap is between two readings of it, and the line says so;
+    the count at the end tells picks from speeds."""
+    cells = [{"load": "pinned", "threads": 6, "routing": "uniform", "slots": s} for s in (32, 64)]
+    ours = [dict(cells[0], policy="default", tok_s=64.0, chosen="fetch-split: 0 core + 64 tier slots, 50 % hits"),
+            dict(cells[0], policy="fetch-split", tok_s=67.4), dict(cells[0], policy="fetch", tok_s=60.8),
+            dict(cells[1], policy="default", tok_s=28.0, chosen="static (the default without a GPU)"),
+            dict(cells[1], policy="static", tok_s=28.4), dict(cells[1], policy="hybrid", tok_s=27.5)]
+    lines = tb._defaults(ours, lambda *a: 0.0, {32: 3888, 64: 7776})
+    assert "0.95 of the best (fetch-split 67.4, the policy the default ran)" in lines[2], lines
+    assert "0.99 of the best (static 28.4, the policy the default ran)" in lines[3], lines
+    assert lines[-1] == "- the default chose the best row's policy in 2 of 2 cells; its speed was within 5 % of the " \
+                        "best in 1 of 2", lines
 
 
 def test_collect_from_results_without_a_cache(tb: ModuleType, tmp_path: Path) -> None:

@@ -199,8 +199,11 @@ def _defaults(ours: list[dict[str, Any]], lk: Any, cache_of: dict[int, int]) -> 
     measured in the same cell, among those taking turns with it (the bench's medians); and, where the bench measured
     it, the default after auto's self-check ("default, settled": what the app runs after its first replies). Static
     measured once before the turns ("static (--every 0)") is the same policy at another moment, so it is not "the
-    best"; where it read faster, the line says by how much."""
+    best"; where it read faster, the line says by how much. Where the default ran the best row's own policy, the line
+    says so: a gap between the two is then between readings of one policy, not a wrong pick. A last line counts
+    the cells where the default chose the best row's policy and those within 5 % of its speed."""
     out = []
+    picked = near = 0
     for r in (r for r in ours if r["policy"] == "default"):
         cell = [o for o in ours if (o["load"], o["threads"], o["routing"], o["slots"]) ==
                 (r["load"], r["threads"], r["routing"], r["slots"])]
@@ -211,15 +214,27 @@ def _defaults(ours: list[dict[str, Any]], lk: Any, cache_of: dict[int, int]) -> 
         routing = "random" if r["routing"] == "uniform" else r["routing"]
         ref = lk(r["load"], r["threads"], routing, cache_of.get(r["slots"], -1), next(
             (t for t in ("tg64", "tg96", "tg128") if lk(r["load"], r["threads"], routing, 0, t)), "tg64"))
+        same = _chosen_policy(r.get("chosen", "")) == best["policy"]
+        picked += same
+        near += r["tok_s"] >= 0.95 * best["tok_s"]
         out.append(f"- {r['load']}, {r['threads']} threads, {r['slots']} slots, {r['routing']}: default "
                    f"{_fmt(r['tok_s'])} tok/s = {r['tok_s'] / best['tok_s']:.2f} of the best ({best['policy']} "
-                   f"{_fmt(best['tok_s'])}" + (f"; static measured once before the turns {_fmt(once['tok_s'])}, the "
-                                              f"default {r['tok_s'] / once['tok_s']:.2f} of it" if once else "")
+                   f"{_fmt(best['tok_s'])}" + (", the policy the default ran" if same else "")
+                   + (f"; static measured once before the turns {_fmt(once['tok_s'])}, the "
+                      f"default {r['tok_s'] / once['tok_s']:.2f} of it" if once else "")
                    + ")" + (f", {r['tok_s'] / ref:.2f}x llama.cpp's cache" if ref else "")
                    + (f"; after its self-check {_fmt(settled['tok_s'])} tok/s = "
                       f"{settled['tok_s'] / best['tok_s']:.2f} of the best" if settled else ""))
-    return ["", "What a new user gets (no --policy, a fresh config: the first-run calibration, then auto):"] + out \
-        if out else []
+    if not out:
+        return []
+    out.append(f"- the default chose the best row's policy in {picked} of {len(out)} cells; its speed was within 5 % "
+               f"of the best in {near} of {len(out)}")
+    return ["", "What a new user gets (no --policy, a fresh config: the first-run calibration, then auto):"] + out
+
+
+def _chosen_policy(chosen: str) -> str:
+    """The policy a default row's choice names ("fetch-split: 16 core + ...", "static (the default without a GPU)")."""
+    return chosen.split(":", 1)[0].split(" (", 1)[0].strip()
 
 
 def _predicted(ours: list[dict[str, Any]]) -> list[str]:
