@@ -8,7 +8,9 @@
 // slices of a 2048-float output; the last thread to arrive writes the done word; the GPU waits for it (a one-thread
 // kernel spinning on the pinned word, or cuStreamWaitValue32), and a join kernel adds the output, read in place.
 // Printed per layer: the whole layer, and its excess over max(GPU_US, CPU_US) plus the same kernels with nothing to
-// wait for (the launches alone): the hand-off's own cost. Also the cost of each extra tiny kernel a layer
+// wait for (the launches alone): the hand-off's own cost, the wait's own launch included. Trust the rows where
+// GPU_US = CPU_US > 0 most: with no work on either side a stream's rows compare launch rates. THREADS defaults to
+// 15,6: the engine's default (cores - 1), the host's own thread beside them. Also the cost of each extra tiny kernel a layer
 // (two to four more are what splitting the fetch op by concern would add), in a stream and in a CUDA graph.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -57,6 +59,7 @@ __global__ void busy(long long cycles) {            // the GPU's own work in the
 }
 
 __global__ void wait_spin(const Stage * st, const uint32_t * seq, int * timed_out) {
+    if (*timed_out) return;                                     // one give-up, not a second per layer after it
     const uint32_t s = *seq;
     for (long long i = 0; st->done.v != s; ++i) {
         if (i > (1ll << 24)) { *timed_out = 1; return; }     // about a second: the worker did not answer
@@ -79,12 +82,16 @@ struct Worker {             // a persistent CPU worker: THREADS threads polling 
     Stage * st;
     int n;
     double cpu_us = 0;
-    std::atomic<bool> active{false};    // off: requests are passed over (nothing waits for them)
+    // requests below `from` are passed over (nothing waits for them); a request seen late, after the switch, is
+    // still passed over by its number, so a thread can't answer the last unanswered run's request and put the
+    // round count out of step
+    std::atomic<uint32_t> from{UINT32_MAX};
     std::atomic<bool> stop{false};
-    std::atomic<int> arrived{0};
+    alignas(64) std::atomic<int> arrived{0};    // written each round: a line apart from what the pollers read
     std::atomic<double> first{0};       // when the round's first thread saw its request
-    std::vector<std::thread> threads;
+    std::atomic<uint32_t> served{0};    // the last round answered (release: join_us is complete up to it)
     std::vector<double> join_us;        // per round: first sight of the request to the done word, beyond CPU_US
+    alignas(64) std::vector<std::thread> threads;
 
     Worker(Stage * st, int n) : st(st), n(n) {
         for (int t = 0; t < n; ++t) threads.emplace_back([this, t] { run(t); });
@@ -99,7 +106,7 @@ struct Worker {             // a persistent CPU worker: THREADS threads polling 
             const uint32_t r = st->req.v;
             if (r == seen) { _mm_pause(); continue; }
             seen = r;
-            if (!active.load(std::memory_order_acquire)) continue;
+            if (r < from.load(std::memory_order_acquire)) continue;
             std::atomic_thread_fence(std::memory_order_acquire);
             const double t0 = now_us();
             double none = 0;
@@ -111,6 +118,7 @@ struct Worker {             // a persistent CPU worker: THREADS threads polling 
                 join_us.push_back(now_us() - first.load() - cpu_us);
                 first.store(0);
                 arrived.store(0, std::memory_order_relaxed);
+                served.store(r, std::memory_order_release);
                 std::atomic_thread_fence(std::memory_order_release);
                 st->done.v = r;
             }
@@ -194,20 +202,40 @@ struct Bench {
 
 int main(int argc, char ** argv) {
     std::vector<int> thread_counts;
-    for (std::string a = argc > 1 ? argv[1] : "16,6"; !a.empty();) {
+    for (std::string a = argc > 1 ? argv[1] : "15,6"; !a.empty();) {
         const size_t c = a.find(',');
         thread_counts.push_back(std::atoi(a.substr(0, c).c_str()));
+        if (thread_counts.back() < 1) { printf("bad thread count in %s\n", argv[1]); return 1; }
         a = c == std::string::npos ? "" : a.substr(c + 1);
     }
     Bench b{};
     b.layers = argc > 2 ? std::atoi(argv[2]) : 48;
     b.tokens = argc > 3 ? std::atoi(argv[3]) : 200;
+    if (b.layers < 1 || b.tokens < 1) { printf("bad layers or tokens\n"); return 1; }
     CK(cudaSetDevice(0));
     CK(cudaFree(0));
     int khz = 0;
     CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
     b.clock_khz = khz;
     CK(cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking));
+    {   // busy's cycles a microsecond at the SM clock it runs at, not the attribute's peak (a slower clock would
+        // stretch GPU_US, hide that much of the hand-off behind it when GPU_US = CPU_US, and under-report it)
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const long long cycles = (long long) khz * 20;     // 20 ms at the peak
+        busy<<<1, 1, 0, b.s>>>(cycles);
+        CK(cudaEventRecord(e0, b.s));
+        busy<<<1, 1, 0, b.s>>>(cycles);
+        CK(cudaEventRecord(e1, b.s));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        b.clock_khz = cycles / ms;
+        printf("SM clock: %.0f MHz (peak %d)\n", b.clock_khz / 1e3, khz / 1000);
+    }
     CK(cudaHostAlloc((void **) &b.st, sizeof(Stage), cudaHostAllocMapped));
     memset((void *) b.st, 0, sizeof(Stage));
     CK(cudaHostGetDevicePointer((void **) &b.dst, b.st, 0));
@@ -250,14 +278,16 @@ int main(int argc, char ** argv) {
                 for (double g : gpu_us) {
                     for (double c : cpu_us) {
                         if (g > 0 && c > 0 && g != c) continue;
-                        w.cpu_us = c;
-                        w.active = false;
                         const double none = b.run(Wait::none, g, 0, graph);   // the launches and the GPU's work
+                        w.cpu_us = c;
                         w.join_us.clear();
-                        w.active = true;
+                        w.from = b.st->req.v + 1;                   // the stream is idle: req is the last request
                         const double us = b.run(wait, g, 0, graph);
-                        w.active = false;
-                        std::vector<double> j = w.join_us;
+                        w.from = UINT32_MAX;
+                        while (w.served.load(std::memory_order_acquire) != b.st->req.v) _mm_pause();
+                        // the warm token's rounds left out
+                        std::vector<double> j(w.join_us.begin() + std::min(w.join_us.size(), (size_t) b.layers),
+                                              w.join_us.end());
                         std::sort(j.begin(), j.end());
                         const double p50 = j.empty() ? 0 : j[j.size() / 2];
                         const double p99 = j.empty() ? 0 : j[j.size() * 99 / 100];
