@@ -10,8 +10,8 @@
 // Printed per layer: the whole layer, and its excess over max(GPU_US, CPU_US) plus the same kernels with nothing to
 // wait for (the launches alone): the hand-off's own cost, the wait's own launch included. Trust the rows where
 // GPU_US = CPU_US > 0 most: with no work on either side a stream's rows compare launch rates. THREADS defaults to
-// 15,6: the engine's default (cores - 1), the host's own thread beside them. Also the cost of each extra tiny kernel a layer
-// (two to four more are what splitting the fetch op by concern would add), in a stream and in a CUDA graph.
+// 15,6: the engine's default (cores - 1), the host's own thread beside them. Also the cost of each extra tiny kernel
+// a layer (two to four more are what splitting the fetch op by concern would add), in a stream and in a CUDA graph.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <immintrin.h>
