@@ -3,7 +3,7 @@
 # 30B-A3B-shape qwen3moe, experts pinned, random-token routing: builds the CUDA engine (engine source in .export/)
 # while the model is written, then runs the trace (THREADS, SLOTS, N, CALS), or with SWEEP=0.25,0.5,1,2,4 fetch-split's
 # split scaled by each factor (split_sweep.py), or with SETTLE=150 the CPU's rate read from the load's end for that
-# many seconds (settle.py; THREADS, SLOTS). From the repository root: bash scripts/h200/layer-trace.sh
+# many seconds, under the calibration's plan and a shuffled one (settle.py; THREADS, SLOTS). From the repository root: bash scripts/h200/layer-trace.sh
 set -u
 . "$(dirname "$0")/common.sh"
 START=$(date +%s); WAIT=${WAIT:-420}

@@ -1,10 +1,13 @@
-"""Whether the CPU's expert rate settles after a model's load: static decodes from the moment the load ends, for
-SECONDS, at each thread count in turn. Each reading is one pair, as the first-run calibration reads the CPU
-(engine.cpu_rate): 16 one-token decodes at S slots under routing that misses the slots and 16 under routing that hits
-them; the CPU's rate is the miss reading's extra CPU picks over the time between the two walls. A calibration taken
-right after the load reads what the first rows print; a session minutes later runs at what the last rows print.
-Uniform replayed routing, experts pinned (mapped with --mmap). Without a GPU the packs stay in host memory and both
-readings cost about the same: the rate is then not measurable, and the rows say so.
+"""Whether the CPU's expert rate settles after a model's load, and whether the first-run calibration's plan reads
+it as the sessions' plans do: static decodes from the moment the load ends, for SECONDS, at each thread count in
+turn. Each round reads the first-run calibration's pair (engine.cpu_rate): 16 one-token decodes at S slots, experts
+0..S-1 resident in every layer, under routing that misses the slots and under routing that hits them (the CPU's rate
+is the miss reading's extra CPU picks over the time between the two walls); then the same missing routing with S
+other experts resident, a shuffled set as a profile gives (the same count of CPU picks: its wall compares directly
+with the first miss reading's). In the fourth harness run at 6 threads the calibration's static decodes read 8-10 %
+slower than the bench's static rows right before and after them. Uniform replayed routing, experts pinned (mapped
+with --mmap). Without a GPU the packs stay in host memory and both pair readings cost about the same: the rate is
+then not measurable, and the rows say so.
 Usage: python3 -P scripts/h200/settle.py MODEL.gguf [THREADS,...] [SECONDS] [SLOTS] [--mmap]"""
 
 from __future__ import annotations
@@ -45,32 +48,39 @@ def main() -> None:
         routes = {"miss": replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1),
                   "hit": replay.uniform(4096, len(moe), S, f.n_expert_used, seed=2)}
         toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, N + 9)]
-        m.set_slots(SlotPlan({il: tuple(range(S)) for il in moe}), pack_host=pack_host)
+        low = SlotPlan({il: tuple(range(S)) for il in moe})          # the first-run calibration's plan
+        rng = np.random.default_rng(9)
+        shuffled = SlotPlan({il: tuple(sorted(int(e) for e in rng.choice(f.n_expert, S, replace=False))) for il in moe})
         ctxs = {t: Context(m, n_ctx=N + 64, threads=t) for t in thread_counts}
         rows: dict[int, list[tuple[float, float]]] = {t: [] for t in thread_counts}
-        print("| s after the load | threads | miss ms | hit ms | CPU picks | CPU GB/s (walls) |\n" + "|---" * 6 + "|",
-              flush=True)
+        print("| s after the load | threads | miss ms | hit ms | CPU picks | CPU GB/s (walls) | miss ms, shuffled plan "
+              "| CPU picks |\n" + "|---" * 8 + "|", flush=True)
+
+        def read(ctx: Context, what: str) -> tuple[float, float]:
+            """(median ms per token, CPU picks per token) of N one-token decodes under `what`'s routing."""
+            replay.set_replay(ctx.ptr, routes[what])
+            ctx.reset()
+            ctx.enable_stats(ring_rows=0)
+            ctx.decode(toks[:8], prompt=True)
+            ctx.decode([toks[8]])
+            routing_stats.reset(ctx.ptr)
+            ms = decode_ms(ctx, toks[9:])
+            return ms, float(ctx.read_stats().misses.sum()) / N
+
         try:
             while time.perf_counter() - loaded < seconds:
                 for threads, ctx in ctxs.items():
-                    ms = {}
-                    picks = 0.0
-                    for what in ("miss", "hit"):
-                        replay.set_replay(ctx.ptr, routes[what])
-                        ctx.reset()
-                        ctx.enable_stats(ring_rows=0)
-                        ctx.decode(toks[:8], prompt=True)
-                        ctx.decode([toks[8]])
-                        routing_stats.reset(ctx.ptr)
-                        ms[what] = decode_ms(ctx, toks[9:])
-                        if what == "miss":
-                            picks = float(ctx.read_stats().misses.sum()) / N
-                    dt = ms["miss"] - ms["hit"]
+                    m.set_slots(low, pack_host=pack_host)
+                    (miss, picks), (hit, _) = read(ctx, "miss"), read(ctx, "hit")
+                    m.set_slots(shuffled, pack_host=pack_host)
+                    other, other_picks = read(ctx, "miss")
+                    dt = miss - hit
                     gbps = picks * f.slab_bytes / 1e6 / dt if dt > 0 and not pack_host else 0.0
                     at = time.perf_counter() - loaded
                     rows[threads].append((at, gbps))
-                    print(f"| {at:.0f} | {threads} | {ms['miss']:.2f} | {ms['hit']:.2f} | {picks:.1f} | "
-                          + (f"{gbps:.1f} |" if gbps else "not measurable |"), flush=True)
+                    print(f"| {at:.0f} | {threads} | {miss:.2f} | {hit:.2f} | {picks:.1f} | "
+                          + (f"{gbps:.1f}" if gbps else "not measurable")
+                          + f" | {other:.2f} | {other_picks:.1f} |", flush=True)
         finally:
             for ctx in ctxs.values():
                 replay.set_replay(ctx.ptr, None)
