@@ -11,6 +11,10 @@
 #       ROUTING (random tokens and the donor chat trace), each moeslots row REPS (2) times with the policies taking
 #       turns (a cell moves 5-10 % between single runs on this box: "within 5 % of the best" needs the medians),
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
+#   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
+#       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
+#           for SETTLE s (150) at CAL_THREADS; handoff, share: at the run stage, before the harness starts,
+#           scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6).
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
@@ -32,9 +36,15 @@ if [ "$STAGE" = build ]; then
         && ! grep -q "llb rc" $B/llb-build.txt 2>/dev/null; do sleep 5; done
   if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ] && ! pgrep -f "cmake --build" > /dev/null; then
     # how far first-run calibrations in a row agree: CALS of them at each of CAL_THREADS, experts pinned
-    (cd /tmp && timeout $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P $R/scripts/h200/layer_trace.py \
-        /tmp/big.gguf ${CAL_THREADS:-16,6} - 48 ${CALS:-3} 2>&1 | grep -v "^llama\|^load\|^print_info" \
-        | tee $B/calibrations.txt)
+    [ "${CALS:-3}" -gt 0 ] && (cd /tmp && timeout $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P \
+        $R/scripts/h200/layer_trace.py /tmp/big.gguf ${CAL_THREADS:-16,6} - 48 ${CALS:-3} 2>&1 \
+        | grep -v "^llama\|^load\|^print_info" | tee $B/calibrations.txt)
+    # whether the CPU's rate settles after the load, under the calibration's plan and a shuffled one
+    case ",${EXTRAS:-}," in *,settle,*)
+      (cd /tmp && timeout $(( ${SETTLE:-150} + 120 )) python3 -P $R/scripts/h200/settle.py /tmp/big.gguf \
+          ${CAL_THREADS:-6,16} ${SETTLE:-150} 64 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
+          | tee $B/settle.txt) ;;
+    esac
   fi
   tail -3 $B/llb-build.txt 2>/dev/null
 else
@@ -43,6 +53,17 @@ else
     sleep 5
   done
   if [ "$STAGE" = run ] && [ ! -f $B/sbs.started ] && [ -x $L/build/bin/llama-bench ]; then
+    # engine v3's per-layer cost, both sides, before the harness (alone on the machine)
+    case ",${EXTRAS:-}," in *,handoff,*)
+      nvcc -O2 -arch=sm_90 -o /tmp/handoff $R/scripts/h200/handoff.cu \
+          && timeout 300 /tmp/handoff ${HANDOFF_THREADS:-15,6} 2>&1 | tee $B/handoff.txt ;;
+    esac
+    case ",${EXTRAS:-}," in *,share,*)
+      P=$(python3 -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).resolve().parent)")
+      g++ -O2 -std=c++17 $R/scripts/h200/share_cpu.cpp -I$P/../include -L$P/lib -lggml -lggml-base -lggml-cpu \
+          -Wl,-rpath,$P/lib -o /tmp/share_cpu && timeout 300 /tmp/share_cpu ${HANDOFF_THREADS:-15,6} 2>&1 \
+          | tee $B/share-cpu.txt ;;
+    esac
     touch $B/sbs.started
     setsid nohup bash -c "PYTHON=python3 bash scripts/sidebyside/run.sh /tmp/big.gguf $L/build/bin/llama-bench \
         --out /tmp/sbs --routing '$ROUTING' -n $N -r $REPS --threads ${THREADS:-16,6} --load ${LOADS:-pinned} \
