@@ -43,7 +43,7 @@ def test_the_guess_catches_a_layer_that_follows_the_one_before(la: ModuleType) -
     resident[:, :64] = True
     per, recall, precision = la.guess(test, C, resident, 8)
     assert per == pytest.approx(4.0, abs=0.5)                        # half the picks miss 64 of 128 slots
-    assert recall == 1.0 and precision == 1.0      # the guesses with a score are exactly the next layer's misses
+    assert recall == 1.0 and precision > 0.4       # every miss among the 8 best guesses, about half of them misses
     _, r0, p0 = la.guess(test, C, resident, 8, fixed=True)
     assert r0 < 0.3 and p0 < 0.3                                     # counts alone know nothing of this token
 
