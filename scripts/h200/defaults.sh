@@ -13,8 +13,9 @@
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
 #       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
-#           for SETTLE s (150) at CAL_THREADS; handoff, share: at the run stage, before the harness starts,
-#           scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6).
+#           for SETTLE s (150) at CAL_THREADS; handoff, share, residue: at the run stage, before the harness starts,
+#           scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6), and tier_residue.py at 16 threads,
+#           64 slots, RESIDUE_ROUNDS (12) rounds of static paired before and after a tier.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
@@ -63,6 +64,10 @@ else
       g++ -O2 -std=c++17 $R/scripts/h200/share_cpu.cpp -I$P/../include -L$P/lib -lggml -lggml-base -lggml-cpu \
           -Wl,-rpath,$P/lib -o /tmp/share_cpu && timeout 300 /tmp/share_cpu ${HANDOFF_THREADS:-15,6} 2>&1 \
           | tee $B/share-cpu.txt ;;
+    esac
+    case ",${EXTRAS:-}," in *,residue,*)
+      (cd /tmp && timeout 400 python3 -P $R/scripts/h200/tier_residue.py /tmp/big.gguf 16 64 ${RESIDUE_ROUNDS:-12} \
+          2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" | tee $B/tier-residue.txt) ;;
     esac
     touch $B/sbs.started
     setsid nohup bash -c "PYTHON=python3 bash scripts/sidebyside/run.sh /tmp/big.gguf $L/build/bin/llama-bench \

@@ -1,8 +1,11 @@
 """Whether a tier leaves something behind that slows the static cache after it: static decode timed alone, then
 after a GPU-stepped tier (fetch-split, then fetch) ran and closed in the same process and context, with each
 thread's CPU time over one idle second after each (a thread that spins while nothing decodes shows there) and the
-process's thread count. Usage (the 30B-A3B shape, experts pinned):
-    python3 -P scripts/h200/tier_residue.py MODEL.gguf [THREADS] [SLOTS]"""
+process's thread count. With ROUNDS > 0, then that many rounds of static, static, a GPU-stepped tier (fetch-split
+and fetch in turn), static: each reading after a tier against the reading right before it, beside two consecutive
+readings with nothing between them (how far static moves by itself), their medians and quartiles. Paired readings
+cancel the machine's drift; "within ±3 %" is a question for these medians. Usage (the 30B-A3B shape, experts
+pinned): python3 -P scripts/h200/tier_residue.py MODEL.gguf [THREADS] [SLOTS] [ROUNDS]"""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from moeslots.engine.llm.model import Context, LoadOptions, Model
 from moeslots.engine.machine.fetch_rates import decode_ms
+from moeslots.engine.native import lib as native
 from moeslots.engine.native import replay
 from moeslots.engine.native.expert_cache import SlotPlan
 from moeslots.engine.native.tier import NativeTier
@@ -45,10 +50,29 @@ def idle(label: str) -> None:
           + (", ".join(f"{k} {v:.2f} s" for k, v in sorted(busy.items())) or "none"), flush=True)
 
 
+def rounds(n: int, static: Callable[[str], float], tier: Callable[[bool], None]) -> None:
+    """n rounds of static, static, a tier (fetch-split and fetch in turn), static; the paired ratios' medians."""
+    if n < 1:
+        return
+    alone, after = [], []
+    for r in range(n):
+        a = static(f"round {r + 1}, first")
+        b = static(f"round {r + 1}, second")
+        tier(r % 2 == 0)
+        c = static(f"round {r + 1}, after the tier")
+        alone.append(b / a)
+        after.append(c / b)
+    for name, v in (("static after static", alone), ("static after a tier", after)):
+        q1, med, q3 = np.percentile(v, [25, 50, 75])
+        print(f"{name}, against the reading before it, {n} rounds: median {100 * (med - 1):+.1f} %, "
+              f"quartiles {100 * (q1 - 1):+.1f} to {100 * (q3 - 1):+.1f} %", flush=True)
+
+
 def main() -> None:
     path = Path(sys.argv[1])
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 16
     S = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    pack = not native.gpus()            # no GPU: the packs in host memory (a check that the script runs, no more)
     with Model(path, LoadOptions(experts_on_host=True, use_mmap=False)) as m:
         f = m.facts
         moe = [il for il in f.moe_layers if il < f.n_layer]
@@ -57,18 +81,19 @@ def main() -> None:
         with Context(m, n_ctx=128, threads=threads) as ctx:
             replay.set_replay(ctx.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
 
-            def static(label: str, fresh: bool = False) -> None:
+            def static(label: str, fresh: bool = False) -> float:
                 if fresh:                                  # every pack freed first: built anew from nothing
-                    m.set_slots(SlotPlan({}), pack_host=False)
-                m.set_slots(plan, pack_host=False)
+                    m.set_slots(SlotPlan({}), pack_host=pack)
+                m.set_slots(plan, pack_host=pack)
                 ctx.reset()
                 ctx.decode(toks[:8], prompt=True)
                 ctx.decode([toks[8]])
-                print(f"static {S} slots, {threads} threads, {label}: {decode_ms(ctx, toks[9:57]):.2f} ms/token",
-                      flush=True)
+                ms = decode_ms(ctx, toks[9:57])
+                print(f"static {S} slots, {threads} threads, {label}: {ms:.2f} ms/token", flush=True)
+                return ms
 
             def tier(share: bool, device: bool = True) -> None:
-                m.set_slots(plan, pack_host=False)
+                m.set_slots(plan, pack_host=pack)
                 ctx.reset()
                 ctx.decode(toks[:8], prompt=True)
                 t = NativeTier(m.ptr, plan, S // 2, CostModel(slab_mb=f.slab_bytes / 1e6), device=device, share=share)
@@ -92,10 +117,11 @@ def main() -> None:
             static("after fetch, packs freed and built anew", fresh=True)
             tier(False, device=False)
             static("after hybrid")
+            rounds(int(sys.argv[4]) if len(sys.argv) > 4 else 0, static, tier)
             replay.set_replay(ctx.ptr, None)
         with Context(m, n_ctx=128, threads=threads) as ctx2:
             replay.set_replay(ctx2.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))
-            m.set_slots(plan, pack_host=False)
+            m.set_slots(plan, pack_host=pack)
             ctx2.decode(toks[:8], prompt=True)
             ctx2.decode([toks[8]])
             print(f"static {S} slots, {threads} threads, a new context after both: "
