@@ -225,3 +225,17 @@ def test_run_sh_asks_for_fetch_only_where_experts_are_pinned(tiny_glm: Path, tmp
     assert pinned and mapped
     assert all("--policy static,fetch,fetch-split,auto" in ln for ln in pinned)
     assert all("--policy static,auto" in ln for ln in mapped)
+
+
+def test_a_row_off_by_more_than_10_percent_shows_its_readings(tb: ModuleType) -> None:
+    """Predicted against measured: a row off by more than 10 % is flagged and lists each reading (bench repick
+    --json's rep_ms), so that a row that moved between readings shows as such; rows within 10 % stay short."""
+    cell = {"load": "pinned", "threads": 6, "routing": "uniform", "slots": 64}
+    ours = [dict(cell, policy="static", ms=25.79, sim_ms=28.44, rep_ms=[25.42, 26.16]),
+            dict(cell, policy="fetch", ms=16.46, sim_ms=16.63, rep_ms=[16.22, 16.70]),
+            dict(cell, policy="hybrid", ms=14.18, sim_ms=16.68)]                 # no readings kept (older runs)
+    lines = tb._predicted(ours)
+    assert lines[1] == "Predicted vs measured ms/token: 1 of 3 rows within 10 %."
+    assert lines[-3].endswith("| 25.79 | 28.44 | +10.3 % ! (readings 25.42, 26.16) |"), lines
+    assert lines[-2].endswith("| 16.46 | 16.63 | +1.0 % |"), lines
+    assert lines[-1].endswith("| 14.18 | 16.68 | +17.6 % ! |"), lines

@@ -50,6 +50,7 @@ class TierRow:
     reps: int = 1                    # measurements of this row (interleaved with the other policies'): decode_tok_s
     tok_s_min: float = 0.0           # and ms_per_token_median are their medians, these their range
     tok_s_max: float = 0.0
+    rep_ms: tuple[float, ...] = ()   # each measurement's ms per token (its median), in the order they ran
 
 
 def run_tiers(model_path: Path, slot_counts: Sequence[int], policies: Sequence[str], routings: Sequence[str], *,
@@ -156,7 +157,8 @@ def _median(rows: list[TierRow]) -> TierRow:
     tok = [r.decode_tok_s for r in rows]
     return dataclasses.replace(rows[0], decode_tok_s=statistics.median(tok),
                                ms_per_token_median=statistics.median(r.ms_per_token_median for r in rows),
-                               reps=len(rows), tok_s_min=min(tok), tok_s_max=max(tok))
+                               reps=len(rows), tok_s_min=min(tok), tok_s_max=max(tok),
+                               rep_ms=tuple(r.ms_per_token_median for r in rows))
 
 
 def _one(m: Model, ctx: Context, plan: SlotPlan, d: int, cost: CostModel, toks: list[int], W: np.ndarray,

@@ -100,7 +100,8 @@ def collect(out: Path) -> dict[str, Any]:
                 moeslots.append({**base, "routing": r["routing"], "slots": int(r["slots"]), "policy": r["policy"],
                                  "tok_s": float(r["decode_tok_s"]), "hit_rate": float(r["hit_rate"]),
                                  "chosen": r.get("chosen", ""), "ms": float(r.get("ms_per_token_median", 0.0)),
-                                 "sim_ms": float(r.get("sim_ms_per_token", 0.0))})
+                                 "sim_ms": float(r.get("sim_ms_per_token", 0.0)),
+                                 "rep_ms": [float(x) for x in r.get("rep_ms", [])]})
             for r in data.get("rows", []):
                 if int(r["every"]) == 0:
                     moeslots.append({**base, "routing": r["routing"], "slots": int(r["slots"]),
@@ -246,8 +247,11 @@ def _predicted(ours: list[dict[str, Any]]) -> list[str]:
            "| load | threads | routing | slots | policy | measured ms | predicted ms | error |", "|---" * 8 + "|"]
     for r in rows:
         e = r["sim_ms"] / r["ms"] - 1
+        # a row off by more than 10 %: its readings, to tell a miss from a row that moved
+        reps = r.get("rep_ms") or []
+        seen = f" (readings {', '.join(f'{x:.2f}' for x in reps)})" if abs(e) > 0.10 and len(reps) > 1 else ""
         out.append(f"| {r['load']} | {r['threads']} | {r['routing']} | {r['slots']} | {r['policy']} | {r['ms']:.2f} | "
-                   f"{r['sim_ms']:.2f} | {100 * e:+.1f} %{' !' if abs(e) > 0.10 else ''} |")
+                   f"{r['sim_ms']:.2f} | {100 * e:+.1f} %{' !' if abs(e) > 0.10 else ''}{seen} |")
     return out
 
 

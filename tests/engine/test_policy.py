@@ -160,6 +160,8 @@ def test_bench_repeats_rows_and_reports_their_median(tiny_glm: Path) -> None:
     for a, b in zip(one, three):
         assert (a.hit_rate, a.uploads_per_token, a.cpu_per_token) == (b.hit_rate, b.uploads_per_token, b.cpu_per_token)
         assert a.reps == 1 and b.tok_s_min <= b.decode_tok_s <= b.tok_s_max
+        # each measurement kept, in order (`bench repick --json`: how far one reading moves from the next)
+        assert len(b.rep_ms) == 3 and b.ms_per_token_median == sorted(b.rep_ms)[1] and len(a.rep_ms) == 1
     assert len(lines) == 2 and all("–" in ln.split("|")[5] for ln in lines)        # "median (min–max)"
     with pytest.raises(ValueError):
         tier_bench.run_tiers(tiny_glm, [8], ["static"], [str(CHAT)], n_decode=16, profile_rows=256, reps=0,
