@@ -13,9 +13,10 @@
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
 #       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
-#           for SETTLE s (150) at CAL_THREADS; handoff, share, residue: at the run stage, before the harness starts,
-#           scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6), and tier_residue.py at 16 threads,
-#           64 slots, RESIDUE_ROUNDS (12) rounds of static paired before and after a tier.
+#           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, residue: at the run stage,
+#           before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6), and
+#           tier_residue.py at 16 threads, 64 slots, RESIDUE_ROUNDS (10) rounds of static paired before and after a
+#           tier; each at most 120 s, none past LIMIT - 240 s.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
@@ -41,10 +42,11 @@ if [ "$STAGE" = build ]; then
         $R/scripts/h200/layer_trace.py /tmp/big.gguf ${CAL_THREADS:-16,6} - 48 ${CALS:-3} 2>&1 \
         | grep -v "^llama\|^load\|^print_info" | tee $B/calibrations.txt)
     # whether the CPU's rate settles after the load, under the calibration's plan and a shuffled one
+    # (--foreground: a stage stopped at its limit takes the reading with it, nothing is left holding the GPU)
     case ",${EXTRAS:-}," in *,settle,*)
-      (cd /tmp && timeout $(( ${SETTLE:-150} + 120 )) python3 -P $R/scripts/h200/settle.py /tmp/big.gguf \
-          ${CAL_THREADS:-6,16} ${SETTLE:-150} 64 2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" \
-          | tee $B/settle.txt) ;;
+      (cd /tmp && timeout --foreground $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P \
+          $R/scripts/h200/settle.py /tmp/big.gguf ${CAL_THREADS:-6,16} ${SETTLE:-120} 64 2>&1 \
+          | grep -v "^llama\|^load_\|^load:\|^print_info\|^ggml_cuda\|^  Device" | tee $B/settle.txt) ;;
     esac
   fi
   tail -3 $B/llb-build.txt 2>/dev/null
@@ -54,20 +56,28 @@ else
     sleep 5
   done
   if [ "$STAGE" = run ] && [ ! -f $B/sbs.started ] && [ -x $L/build/bin/llama-bench ]; then
-    # engine v3's per-layer cost, both sides, before the harness (alone on the machine)
+    # engine v3's per-layer cost, both sides, and the tier's residue, before the harness (alone on the machine):
+    # each at most 120 s and never past LIMIT - 240 s (the harness starts in this call), each once (a rerun of the
+    # stage skips what is done)
+    left() { local t=$(( LIMIT - 240 - ($(date +%s) - START) )); [ $t -gt 120 ] && t=120; echo $t; }
+    PATH=$PATH:/usr/local/cuda/bin
     case ",${EXTRAS:-}," in *,handoff,*)
-      nvcc -O2 -arch=sm_90 -o /tmp/handoff $R/scripts/h200/handoff.cu \
-          && timeout 300 /tmp/handoff ${HANDOFF_THREADS:-15,6} 2>&1 | tee $B/handoff.txt ;;
+      [ -f $B/handoff.done ] || [ $(left) -lt 20 ] || { nvcc -O2 -arch=sm_90 -o /tmp/handoff \
+          $R/scripts/h200/handoff.cu && timeout --foreground $(left) /tmp/handoff ${HANDOFF_THREADS:-15,6} 48 100 2>&1 \
+          | tee $B/handoff.txt; touch $B/handoff.done; } ;;
     esac
     case ",${EXTRAS:-}," in *,share,*)
-      P=$(python3 -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).resolve().parent)")
-      g++ -O2 -std=c++17 $R/scripts/h200/share_cpu.cpp -I$P/../include -L$P/lib -lggml -lggml-base -lggml-cpu \
-          -Wl,-rpath,$P/lib -o /tmp/share_cpu && timeout 300 /tmp/share_cpu ${HANDOFF_THREADS:-15,6} 2>&1 \
-          | tee $B/share-cpu.txt ;;
+      PKG=$(python3 -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).resolve().parent)")
+      [ -f $B/share.done ] || [ $(left) -lt 20 ] || { g++ -O2 -std=c++17 $R/scripts/h200/share_cpu.cpp \
+          -I$PKG/../include -L$PKG/lib -lggml -lggml-base -lggml-cpu -Wl,-rpath,$PKG/lib -o /tmp/share_cpu \
+          && timeout --foreground $(left) /tmp/share_cpu ${HANDOFF_THREADS:-15,6} 48 16 20 2>&1 \
+          | tee $B/share-cpu.txt; touch $B/share.done; } ;;
     esac
     case ",${EXTRAS:-}," in *,residue,*)
-      (cd /tmp && timeout 400 python3 -P $R/scripts/h200/tier_residue.py /tmp/big.gguf 16 64 ${RESIDUE_ROUNDS:-12} \
-          2>&1 | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" | tee $B/tier-residue.txt) ;;
+      [ -f $B/residue.done ] || [ $(left) -lt 60 ] || { (cd /tmp && timeout --foreground $(left) python3 -P \
+          $R/scripts/h200/tier_residue.py /tmp/big.gguf 16 64 ${RESIDUE_ROUNDS:-10} 2>&1 \
+          | grep -v "^llama\|^load_\|^load:\|^print_info\|^ggml_cuda\|^  Device" | tee $B/tier-residue.txt); \
+          touch $B/residue.done; } ;;
     esac
     touch $B/sbs.started
     setsid nohup bash -c "PYTHON=python3 bash scripts/sidebyside/run.sh /tmp/big.gguf $L/build/bin/llama-bench \

@@ -3,7 +3,8 @@
 # 30B-A3B-shape qwen3moe, experts pinned, random-token routing: builds the CUDA engine (engine source in .export/)
 # while the model is written, then runs the trace (THREADS, SLOTS, N, CALS), or with SWEEP=0.25,0.5,1,2,4 fetch-split's
 # split scaled by each factor (split_sweep.py), or with SETTLE=150 the CPU's rate read from the load's end for that
-# many seconds, under the calibration's plan and a shuffled one (settle.py; THREADS, SLOTS). From the repository root: bash scripts/h200/layer-trace.sh
+# many seconds, under the calibration's plan and a shuffled one (settle.py; THREADS, SLOTS). From the repository
+# root: bash scripts/h200/layer-trace.sh
 set -u
 . "$(dirname "$0")/common.sh"
 START=$(date +%s); WAIT=${WAIT:-420}
@@ -24,7 +25,7 @@ if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ]; then
     set -- $R/scripts/h200/layer_trace.py /tmp/big.gguf ${THREADS:-16,6} ${SLOTS:-64,32} ${N:-48} ${CALS:-2}
   fi
   (cd /tmp && timeout ${LIMIT:-560} python3 -P "$@" 2>&1 \
-      | grep -v "^llama\|^load\|^print_info\|^ggml_cuda\|^  Device" | tee $B/layer-trace.txt)
+      | grep -v "^llama\|^load_\|^load:\|^print_info\|^ggml_cuda\|^  Device" | tee $B/layer-trace.txt)
 fi
 tar czf "$OUT/logs.tgz" -C $B . 2>/dev/null
 } 2>&1 | tee "$OUT/layer-trace.txt"

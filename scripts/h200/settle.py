@@ -32,9 +32,14 @@ def main() -> None:
     if not args:
         sys.exit(__doc__)
     path = Path(args[0])
-    thread_counts = [int(x) for x in (args[1] if len(args) > 1 else "6,16").split(",")]
-    seconds = float(args[2]) if len(args) > 2 else 150.0
-    S = int(args[3]) if len(args) > 3 else 64
+    try:
+        thread_counts = [int(x) for x in (args[1] if len(args) > 1 else "6,16").split(",")]
+        seconds = float(args[2]) if len(args) > 2 else 150.0
+        S = int(args[3]) if len(args) > 3 else 64
+    except ValueError as e:
+        sys.exit(f"settle.py: {e} (THREADS: comma-separated counts, SECONDS and SLOTS: numbers)")
+    if min(thread_counts) < 1 or seconds <= 0 or S < 1:
+        sys.exit("settle.py: THREADS, SECONDS and SLOTS must be positive")
     mmap = "--mmap" in sys.argv
     pack_host = not native.gpus()
     t0 = time.perf_counter()
@@ -43,7 +48,7 @@ def main() -> None:
         f = m.facts
         moe = [il for il in f.moe_layers if il < f.n_layer]
         S = max(f.n_expert_used, min(S, f.n_expert - 1))
-        print(f"loaded in {loaded - t0:.1f} s ({'mmap' if mmap else 'pinned'}{', no GPU' if pack_host else ''}); "
+        print(f"model loaded in {loaded - t0:.1f} s ({'mmap' if mmap else 'pinned'}{', no GPU' if pack_host else ''}); "
               f"{len(moe)} MoE layers, {f.n_expert} experts, {S} slots", flush=True)
         routes = {"miss": replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1),
                   "hit": replay.uniform(4096, len(moe), S, f.n_expert_used, seed=2)}

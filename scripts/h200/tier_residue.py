@@ -69,9 +69,17 @@ def rounds(n: int, static: Callable[[str], float], tier: Callable[[bool], None])
 
 
 def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
     path = Path(sys.argv[1])
-    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-    S = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    try:
+        threads = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+        S = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+        n_rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    except ValueError:
+        sys.exit("tier_residue.py: THREADS, SLOTS and ROUNDS are whole numbers")
+    if threads < 1 or S < 1 or n_rounds < 0:
+        sys.exit("tier_residue.py: THREADS and SLOTS must be positive, ROUNDS 0 or more")
     pack = not native.gpus()            # no GPU: the packs in host memory (a check that the script runs, no more)
     with Model(path, LoadOptions(experts_on_host=True, use_mmap=False)) as m:
         f = m.facts
@@ -117,7 +125,7 @@ def main() -> None:
             static("after fetch, packs freed and built anew", fresh=True)
             tier(False, device=False)
             static("after hybrid")
-            rounds(int(sys.argv[4]) if len(sys.argv) > 4 else 0, static, tier)
+            rounds(n_rounds, static, tier)
             replay.set_replay(ctx.ptr, None)
         with Context(m, n_ctx=128, threads=threads) as ctx2:
             replay.set_replay(ctx2.ptr, replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=4))

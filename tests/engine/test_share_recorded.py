@@ -143,7 +143,7 @@ def test_the_fourth_run_as_its_calibration_stored_it(threads: int) -> None:
     +6.5 %), and `auto` on the chat trace picks, in each cell, the policy measured best of the four there (it did)."""
     cals, measured = _load("fourth")
     cost = cals[threads].cost_model(pinned=True, threads=threads)
-    assert cals[threads].version == calibrate.VERSION and cost.route_ms > 0
+    assert cals[threads].version == 2 and cost.route_ms > 0       # this run's calibration: version 2
     _rows_within("fourth", threads, cost, 0.10)
     for r in measured:                                  # the simulator here predicts what the bench there predicted
         if r["threads"] == threads and r["policy"] in ("fetch", "fetch-split"):
