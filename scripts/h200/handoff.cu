@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <immintrin.h>
 
+#include "counts.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -201,13 +203,8 @@ struct Bench {
 };
 
 int main(int argc, char ** argv) {
-    std::vector<int> thread_counts;
-    for (std::string a = argc > 1 ? argv[1] : "15,6"; !a.empty();) {
-        const size_t c = a.find(',');
-        thread_counts.push_back(std::atoi(a.substr(0, c).c_str()));
-        if (thread_counts.back() < 1) { printf("bad thread count in %s\n", argv[1]); return 1; }
-        a = c == std::string::npos ? "" : a.substr(c + 1);
-    }
+    const std::vector<int> thread_counts = parse_counts(argc > 1 ? argv[1] : "15,6");
+    if (thread_counts.empty()) { printf("bad thread count in %s\n", argv[1]); return 1; }
     Bench b{};
     b.layers = argc > 2 ? std::atoi(argv[2]) : 48;
     b.tokens = argc > 3 ? std::atoi(argv[3]) : 200;

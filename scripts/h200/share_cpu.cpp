@@ -21,6 +21,8 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 
+#include "counts.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -60,13 +62,8 @@ struct Layer {
 };
 
 int main(int argc, char ** argv) {
-    std::vector<int> thread_counts;
-    for (std::string a = argc > 1 ? argv[1] : "15,6"; !a.empty();) {
-        const size_t c = a.find(',');
-        thread_counts.push_back(std::atoi(a.substr(0, c).c_str()));
-        if (thread_counts.back() < 1) { printf("bad thread count in %s\n", argv[1]); return 1; }
-        a = c == std::string::npos ? "" : a.substr(c + 1);
-    }
+    const std::vector<int> thread_counts = parse_counts(argc > 1 ? argv[1] : "15,6");
+    if (thread_counts.empty()) { printf("bad thread count in %s\n", argv[1]); return 1; }
     const int L = argc > 2 ? std::atoi(argv[2]) : 48;
     const int E = argc > 3 ? std::atoi(argv[3]) : 16;
     const int T = argc > 4 ? std::atoi(argv[4]) : 40;
