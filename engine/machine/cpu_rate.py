@@ -40,6 +40,29 @@ class Reading:
     cpu_ms: float | None = None     # the CPU splits' compute per token, by the scheduler's clock (None: no clock)
 
 
+def pair_routes(n_layers: int, n_expert: int, k: int, S: int) -> dict[str, replay.ReplayTable]:
+    """The pair's routings at S slots (experts 0..S-1 resident): "miss", uniform over every expert, and "hit",
+    uniform over the S experts in slots."""
+    return {"miss": replay.uniform(4096, n_layers, n_expert, k, seed=1),
+            "hit": replay.uniform(4096, n_layers, S, k, seed=2)}         # ids < S: every pick in a slot
+
+
+def reading(ctx: Context, route: replay.ReplayTable, toks: list[int], clock: bool = True) -> Reading:
+    """One reading: `route` replayed from a fresh context (toks[:8] its prompt, toks[8] a decode that builds the
+    decode graph), the one-token decodes of toks[9:] timed, their CPU picks from the engine's stats (enabled on
+    ctx), and with `clock` the CPU splits' compute by the scheduler's clock where the engine has one."""
+    replay.set_replay(ctx.ptr, route)
+    ctx.reset()
+    ctx.decode(toks[:8], prompt=True)
+    ctx.decode([toks[8]])
+    routing_stats.reset(ctx.ptr)
+    clock = clock and routing_stats.sched_timing(True) is not None
+    ms = decode_ms(ctx, toks[9:])
+    t = routing_stats.sched_timing(False) if clock else None
+    cpu_ms = t.cpu_compute_us / 1e3 / len(toks[9:]) if t is not None else None
+    return Reading(ms, float(ctx.read_stats().misses.sum()) / len(toks[9:]), cpu_ms)
+
+
 def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack_host: bool,
              log: Callable[[str], None], ctx: Context | None = None,
              order: tuple[str, ...] = ORDER) -> tuple[float, float, str]:
@@ -48,8 +71,7 @@ def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack
     f = m.facts
     k = f.n_expert_used
     S = max(k, min(S, f.n_expert))
-    routes = {"miss": replay.uniform(4096, len(moe), f.n_expert, k, seed=1),
-              "hit": replay.uniform(4096, len(moe), S, k, seed=2)}      # ids < S: every pick in a slot
+    routes = pair_routes(len(moe), f.n_expert, k, S)
     own = ctx is None
     ctx = Context(m, n_ctx=n_tokens + 64, threads=threads) if ctx is None else ctx
     readings: dict[str, list[Reading]] = {"miss": [], "hit": []}
@@ -59,19 +81,10 @@ def cpu_rate(m: Model, moe: list[int], threads: int, n_tokens: int, S: int, pack
         rng = np.random.default_rng(0)
         toks = [int(t) for t in rng.integers(0, m.n_vocab - 16, n_tokens + 8)]
         def read(what: str) -> None:
-            replay.set_replay(ctx.ptr, routes[what])
-            ctx.reset()
-            ctx.decode(toks[:8], prompt=True)
-            ctx.decode([toks[8]])
-            routing_stats.reset(ctx.ptr)
-            clock = routing_stats.sched_timing(True) is not None
-            ms = decode_ms(ctx, toks[9:])
-            t = routing_stats.sched_timing(False) if clock else None
-            cpu_ms = t.cpu_compute_us / 1e3 / len(toks[9:]) if t is not None else None
-            picks = float(ctx.read_stats().misses.sum()) / len(toks[9:])
-            readings[what].append(Reading(ms, picks, cpu_ms))
-            log(f"{threads} threads, {S} slots, {what} routing: {ms:.2f} ms/token, {picks:.1f} CPU picks/token"
-                + (f", CPU compute {cpu_ms:.2f} ms" if cpu_ms is not None else ""))
+            r = reading(ctx, routes[what], toks)
+            readings[what].append(r)
+            log(f"{threads} threads, {S} slots, {what} routing: {r.ms:.2f} ms/token, {r.picks:.1f} CPU picks/token"
+                + (f", CPU compute {r.cpu_ms:.2f} ms" if r.cpu_ms is not None else ""))
 
         for what in order:
             read(what)

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from moeslots.engine.llm.model import Context, LoadOptions, Model
-from moeslots.engine.machine.fetch_rates import decode_ms
+from moeslots.engine.machine.cpu_rate import pair_routes, reading
 from moeslots.engine.native import lib as native
-from moeslots.engine.native import replay, routing_stats
+from moeslots.engine.native import replay
 from moeslots.engine.native.expert_cache import SlotPlan
 
 N = 16          # timed one-token decodes per reading, as the first-run calibration
@@ -50,27 +50,23 @@ def main() -> None:
         S = max(f.n_expert_used, min(S, f.n_expert - 1))
         print(f"model loaded in {loaded - t0:.1f} s ({'mmap' if mmap else 'pinned'}{', no GPU' if pack_host else ''}); "
               f"{len(moe)} MoE layers, {f.n_expert} experts, {S} slots", flush=True)
-        routes = {"miss": replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=1),
-                  "hit": replay.uniform(4096, len(moe), S, f.n_expert_used, seed=2)}
+        routes = pair_routes(len(moe), f.n_expert, f.n_expert_used, S)             # the calibration's pair
         toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, N + 9)]
         low = SlotPlan({il: tuple(range(S)) for il in moe})          # the first-run calibration's plan
         rng = np.random.default_rng(9)
         shuffled = SlotPlan({il: tuple(sorted(int(e) for e in rng.choice(f.n_expert, S, replace=False))) for il in moe})
         ctxs = {t: Context(m, n_ctx=N + 64, threads=t) for t in thread_counts}
+        for ctx in ctxs.values():
+            ctx.enable_stats(ring_rows=0)
         rows: dict[int, list[tuple[float, float]]] = {t: [] for t in thread_counts}
         print("| s after the load | threads | miss ms | hit ms | CPU picks | CPU GB/s (walls) | miss ms, shuffled plan "
               "| CPU picks |\n" + "|---" * 8 + "|", flush=True)
 
         def read(ctx: Context, what: str) -> tuple[float, float]:
-            """(median ms per token, CPU picks per token) of N one-token decodes under `what`'s routing."""
-            replay.set_replay(ctx.ptr, routes[what])
-            ctx.reset()
-            ctx.enable_stats(ring_rows=0)
-            ctx.decode(toks[:8], prompt=True)
-            ctx.decode([toks[8]])
-            routing_stats.reset(ctx.ptr)
-            ms = decode_ms(ctx, toks[9:])
-            return ms, float(ctx.read_stats().misses.sum()) / N
+            """(median ms per token, CPU picks per token) of N one-token decodes under `what`'s routing, read as the
+            calibration reads them (without the scheduler's clock: the walls give the rate here)."""
+            r = reading(ctx, routes[what], toks, clock=False)
+            return r.ms, r.picks
 
         try:
             while time.perf_counter() - loaded < seconds:
