@@ -75,6 +75,33 @@ def set_tier(model_ptr: int, n_tier: int, cost: CostModel | None, decay: float =
     return rc
 
 
+def set_worker(model_ptr: int, n_threads: int) -> int:
+    """Have a worker of n_threads compute the CPU shares of the model's GPU-stepped tier (`--policy fetch-split`,
+    patch 0010) outside the graph: a decode token is one GPU split, each layer's join waits in the GPU's queue for
+    the worker's result and reads it in place (0: the graph's own CPU split computes them, as a new tier does). The
+    logits are the same. Returns the layers served; between decodes only."""
+    L = native.lib()
+    if not native.hasattr_symbol(L, "llama_moeslots_tier_worker"):
+        raise CacheError("this engine has no CPU share worker (patch 0010): rebuild it with `moeslots engine build`",
+                         ERR_INPUT)
+    f = L.llama_moeslots_tier_worker
+    f.restype, f.argtypes = ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
+    msg = ctypes.create_string_buffer(512)
+    rc = int(f(model_ptr, n_threads, msg, len(msg)))
+    if rc < 0:
+        why = msg.value.decode(errors="replace") or f"code {rc}"
+        raise CacheError(f"the engine refused a CPU share worker of {n_threads} threads: {why}", rc)
+    return rc
+
+
+def worker_shares(model_ptr: int) -> int | None:
+    """The layer shares the model's worker has computed since it started (None: no worker)."""
+    f = native.lib().llama_moeslots_tier_worker_shares
+    f.restype, f.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+    n = int(f(model_ptr))
+    return n if n >= 0 else None
+
+
 def take_failed(model_ptr: int) -> int | None:
     """After a decode failed: the first layer whose CPU share gave up waiting for the GPU, or None. Told once."""
     L = native.lib()
@@ -132,10 +159,18 @@ class NativeTier:
     COUNT_EVERY = 16  # a GPU-stepped tier: decode tokens between two readings of its counts (one read per layer)
 
     def __init__(self, model_ptr: int, plan: SlotPlan, tier: int, cost: CostModel, *, device: bool = False,
-                 share: bool = False) -> None:
+                 share: bool = False, worker: int = 0) -> None:
+        """worker: with a CPU share on the GPU, the threads of a worker that computes it outside the graph (0:
+        the graph's own CPU split)."""
         self.model_ptr, self.tier, self.cost, self.device, self.share = model_ptr, tier, cost, device, share
         self._plan = plan
         self.layers = set_tier(model_ptr, tier, cost, device=device, share=share)
+        if worker > 0:
+            try:
+                set_worker(model_ptr, worker)
+            except CacheError:
+                set_tier(model_ptr, 0, None, device=device)
+                raise
         self.n_layers = max(1, self.layers)             # the layers with a tier (partly resident trunk layers)
         self.counts = TierCounts()
         self._dirty = 0                                  # decode tokens with uploads since the plan was read

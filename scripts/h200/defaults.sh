@@ -11,6 +11,7 @@
 #       ROUTING (random tokens and the donor chat trace), each moeslots row REPS (2) times with the policies taking
 #       turns (a cell moves 5-10 % between single runs on this box: "within 5 % of the best" needs the medians),
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
+#   LLB=0: no llama-bench (the build stage for the extras and the scripts alone; the run stage needs it).
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
 #       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
 #           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, residue: at the run stage,
@@ -26,7 +27,7 @@ L=/tmp/llb; START=$(date +%s)
 if [ "$STAGE" = build ]; then
   echo "== $(date +%T) machine: $(nproc) cores, $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader)"
   install_and_build
-  [ -x $L/build/bin/llama-bench ] || setsid nohup nice -n 10 bash -c "bash $R/scripts/sidebyside/build.sh \
+  [ "${LLB:-1}" = 0 ] || [ -x $L/build/bin/llama-bench ] || setsid nohup nice -n 10 bash -c "bash $R/scripts/sidebyside/build.sh \
       $R/.llb/llamacpp-b11549.tar.xz $L cuda > $B/llb-build.txt 2>&1; echo \"llb rc \$?\" >> $B/llb-build.txt" \
       > /dev/null 2>&1 &
   [ -f /tmp/big.gguf ] || { ( cd /tmp && time $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 \
@@ -34,7 +35,7 @@ if [ "$STAGE" = build ]; then
   while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 5; done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
   # (a calibration beside the compiler measures the compiler: llama-bench's build ends first)
-  while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && [ ! -x $L/build/bin/llama-bench ] \
+  while [ "${LLB:-1}" != 0 ] && [ $(( $(date +%s) - START )) -lt "$WAIT" ] && [ ! -x $L/build/bin/llama-bench ] \
         && ! grep -q "llb rc" $B/llb-build.txt 2>/dev/null; do sleep 5; done
   if [ -f /tmp/site/.moeslots-cuda ] && [ -f /tmp/big.gguf ] && ! pgrep -f "cmake --build" > /dev/null; then
     # how far first-run calibrations in a row agree: CALS of them at each of CAL_THREADS, experts pinned
