@@ -1,6 +1,7 @@
 // GGML_OP_MOE_FETCH_JOIN (moeslots patch 0010), the way llama.cpp's test-backend-ops tests an op: the join on the
 // chosen backend against a reference written here from the op's contract (ggml.h): a + the answer's share, once the
-// answer's done word equals its request word, read in place from host memory the backend reads (the device's host
+// answer's done word equals the want word (here a word of the same pinned memory past the answer's three, as a
+// stage's done word is for the worker's joins), read in place from host memory the backend reads (the device's host
 // buffer type: pinned memory for CUDA).
 //
 // Cases: shapes [n_embd, k, n] (a 30B-A3B layer's 2048 x 8 for one token and for a verify batch, small ones, and one
@@ -71,10 +72,11 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     }
     char     * answer = (char *) ggml_backend_buffer_get_base(answer_buf);
     uint32_t * words  = (uint32_t *) answer;
+    uint32_t * want_w = words + 8;
     float    * sh     = (float *) (answer + GGML_MOE_FETCH_JOIN_HEAD);
     const uint32_t request = 40 + seed;
     memset(answer, 0, GGML_MOE_FETCH_JOIN_HEAD + (size_t) ne*sizeof(float));
-    words[0] = request;
+    *want_w = request;
     if (when == answer_when::before) {
         memcpy(sh, share.data(), ne*sizeof(float));
         words[1] = request;
@@ -89,7 +91,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors(ctx, backend);
     ggml_backend_tensor_set(x, a.data(), 0, ne*sizeof(float));
     const int timeout_ms = answered ? 20000 : 30;
-    ggml_tensor * y = ggml_moe_fetch_join(ctx, x, answer, timeout_ms);
+    ggml_tensor * y = ggml_moe_fetch_join(ctx, x, answer, want_w, timeout_ms);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, y);
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
