@@ -94,12 +94,27 @@ def set_worker(model_ptr: int, n_threads: int) -> int:
     return rc
 
 
-def worker_shares(model_ptr: int) -> int | None:
-    """The layer shares the model's worker has computed since it started (None: no worker)."""
-    f = native.lib().llama_moeslots_tier_worker_shares
-    f.restype, f.argtypes = ctypes.c_int64, [ctypes.c_void_p]
-    n = int(f(model_ptr))
-    return n if n >= 0 else None
+@dataclasses.dataclass(frozen=True)
+class WorkerStats:
+    shares: int = 0             # layer shares computed
+    wait_us: float = 0.0        # waiting for their stages (from the moment the worker turned to the layer)
+    work_us: float = 0.0        # computing them
+
+    def per_share(self) -> tuple[float, float]:
+        """(us waiting, us computing) per layer share."""
+        n = max(1, self.shares)
+        return self.wait_us / n, self.work_us / n
+
+
+def worker_stats(model_ptr: int, reset: bool = False) -> WorkerStats | None:
+    """The model's worker since it started or was last read with reset (None: no worker)."""
+    f = native.lib().llama_moeslots_tier_worker_stats
+    f.restype = ctypes.c_int32
+    f.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32, ctypes.c_bool]
+    out = (ctypes.c_uint64 * 3)()
+    if int(f(model_ptr, out, 3, reset)) < 0:
+        return None
+    return WorkerStats(int(out[0]), out[1] / 1e3, out[2] / 1e3)
 
 
 def take_failed(model_ptr: int) -> int | None:

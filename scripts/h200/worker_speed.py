@@ -4,8 +4,9 @@ four ways taking turns: fetch (every miss copied by the GPU, the CPU idle), fetc
 CPU's split a layer, the scheduler between), and fetch-split with the worker at THREADS and at THREADS - 1 threads
 (the host thread that drives the GPU keeps a core). Per way the median ms a token over ROUNDS rounds of N decodes,
 the CPU's picks and the uploads a token (the worker must leave the split as it was: the same rule, the same costs),
-and the worker's layer shares. The split's costs are the fourth harness run's calibration (CPU 60.3 GB/s at 16
-threads, 33 at 6; the link 52.4 GB/s) unless CPU_GBPS and LINK_GBPS are given: the same for every way.
+and the worker's layer shares, with its time a share (waiting for the stage, computing). The split's costs are the
+fourth harness run's calibration (CPU 60.3 GB/s at 16 threads, 33 at 6; the link 52.4 GB/s) unless --cpu-gbps and
+--link-gbps are given: the same for every way.
 Without a GPU the pack stays in host memory and every way runs on the CPU (a check that the script runs).
 Usage: python3 -P scripts/h200/worker_speed.py MODEL.gguf [THREADS,...] [SLOTS,...] [ROUNDS] [N]
        [--cpu-gbps=X] [--link-gbps=Y]"""
@@ -62,7 +63,7 @@ def main() -> None:
         table = replay.uniform(4096, len(moe), f.n_expert, f.n_expert_used, seed=3)
         toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 16, n + 16)]
         print("| threads | slots | way | ms/token (median) | rounds' ms | CPU picks/token | uploads/token | "
-              "worker shares/token |\n" + "|---" * 8 + "|", flush=True)
+              "worker shares/token | us waiting/share | us computing/share |\n" + "|---" * 10 + "|", flush=True)
         for T in threads:
             cpu = cpu_arg or CPU_GBPS.get(T, CPU_GBPS[16] * T / 16)
             cost = CostModel(slab_mb=f.slab_bytes / 1e6, cpu_gbps=cpu, pcie_gbps=link, gpu_gbps=1000.0, base_ms=5.0,
@@ -75,7 +76,7 @@ def main() -> None:
                 for S in slots:
                     S = max(f.n_expert_used, min(S, f.n_expert - 1))
                     plan = SlotPlan.uniform(moe, S, f.n_expert, offset=17)
-                    got: dict[str, list[tuple[float, float, float, float]]] = {w: [] for w in ways}
+                    got: dict[str, list[tuple[float, ...]]] = {w: [] for w in ways}
                     for r in range(rounds):
                         order = list(ways) if r % 2 == 0 else list(reversed(ways))     # taking turns: drift cancels
                         for w in order:
@@ -86,12 +87,15 @@ def main() -> None:
                         print(f"| {T} | {S} | {w} | {statistics.median(ms):.2f} | "
                               f"{', '.join(f'{x:.2f}' for x in ms)} | {statistics.median(x[1] for x in rows):.1f} | "
                               f"{statistics.median(x[2] for x in rows):.1f} | "
-                              f"{statistics.median(x[3] for x in rows):.1f} |", flush=True)
+                              f"{statistics.median(x[3] for x in rows):.1f} | "
+                              f"{statistics.median(x[4] for x in rows):.1f} | "
+                              f"{statistics.median(x[5] for x in rows):.1f} |", flush=True)
 
 
 def _one(m: Model, ctx: Context, plan: SlotPlan, S: int, cost: CostModel, share: bool, worker: int,
-         toks: list[int], pack_host: bool) -> tuple[float, float, float, float]:
-    """(median ms a token, CPU picks, uploads and worker shares a token) of len(toks) - 16 one-token decodes."""
+         toks: list[int], pack_host: bool) -> tuple[float, float, float, float, float, float]:
+    """(median ms a token, CPU picks, uploads and worker shares a token, the worker's us waiting for a stage and
+    computing a share) of len(toks) - 16 one-token decodes."""
     m.set_slots(plan, pack_host=pack_host)
     ctx.reset()
     ctx.decode(toks[:8], prompt=True)
@@ -104,14 +108,15 @@ def _one(m: Model, ctx: Context, plan: SlotPlan, S: int, cost: CostModel, share:
             ctx.decode([tok])
         t.step(force=True)
         t.counts = native_tier.TierCounts()
-        before = native_tier.worker_shares(m.ptr) or 0
+        native_tier.worker_stats(m.ptr, reset=True)
         ms = decode_ms(ctx, toks[16:])
         t.step(force=True)
-        shares = (native_tier.worker_shares(m.ptr) or 0) - before
+        w = native_tier.worker_stats(m.ptr) or native_tier.WorkerStats()
     finally:
         t.close()
     k = len(toks) - 16
-    return ms, t.counts.cpu / k, t.counts.uploads / k, shares / k
+    wait_us, work_us = w.per_share()
+    return ms, t.counts.cpu / k, t.counts.uploads / k, w.shares / k, wait_us, work_us
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def _run(m: Model, ctx: Context, plan: SlotPlan, tier: int, worker: int
     try:
         got = _script(ctx)
         t.step(force=True)
-        shares = native_tier.worker_shares(m.ptr)
+        w = native_tier.worker_stats(m.ptr)
+        shares = w.shares if w is not None else None
         s = ctx.read_stats()
     finally:
         t.close()
@@ -72,14 +73,14 @@ def test_a_worker_needs_a_tier_with_a_cpu_share(tiny_qwen: Path) -> None:
             native_tier.set_worker(m.ptr, 2)
         with pytest.raises(CacheError, match="has no CPU share on its pack's device"):
             native_tier.NativeTier(m.ptr, plan, 8, COST, device=True, worker=2)
-        assert native_tier.worker_shares(m.ptr) is None
+        assert native_tier.worker_stats(m.ptr) is None
         t = native_tier.NativeTier(m.ptr, plan, 8, SHARE, device=True, share=True)
         try:
             with pytest.raises(CacheError, match="invalid arguments"):
                 native_tier.set_worker(m.ptr, -1)
             _script(ctx)
             t.step(force=True)
-            assert t.counts.cpu > 0 and native_tier.worker_shares(m.ptr) is None
+            assert t.counts.cpu > 0 and native_tier.worker_stats(m.ptr) is None
         finally:
             t.close()
 
