@@ -14,8 +14,10 @@
 #   LLB=0: no llama-bench (the build stage for the extras and the scripts alone; the run stage needs it).
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
 #       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
-#           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, residue: at the run stage,
-#           before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6), and
+#           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, worker, residue: at the run
+#           stage, before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6),
+#           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's worker against
+#           fetch and the split graph) at THREADS, 64 and 32 slots, and
 #           tier_residue.py at 16 threads, 64 slots, RESIDUE_ROUNDS (10) rounds of static paired before and after a
 #           tier; each at most 120 s, none past LIMIT - 240 s.
 set -u
@@ -27,7 +29,8 @@ L=/tmp/llb; START=$(date +%s)
 if [ "$STAGE" = build ]; then
   echo "== $(date +%T) machine: $(nproc) cores, $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader)"
   install_and_build
-  [ "${LLB:-1}" = 0 ] || [ -x $L/build/bin/llama-bench ] || setsid nohup nice -n 10 bash -c "bash $R/scripts/sidebyside/build.sh \
+  [ "${LLB:-1}" = 0 ] || [ -x $L/build/bin/llama-bench ] || setsid nohup nice -n 10 bash -c "bash \
+      $R/scripts/sidebyside/build.sh \
       $R/.llb/llamacpp-b11549.tar.xz $L cuda > $B/llb-build.txt 2>&1; echo \"llb rc \$?\" >> $B/llb-build.txt" \
       > /dev/null 2>&1 &
   [ -f /tmp/big.gguf ] || { ( cd /tmp && time $M synth -o /tmp/big.part.gguf $BIGFLAGS > $B/synth-big.txt 2>&1 \
@@ -73,6 +76,13 @@ else
           -I$PKG/../include -L$PKG/lib -lggml -lggml-base -lggml-cpu -Wl,-rpath,$PKG/lib -o /tmp/share_cpu \
           && timeout --foreground $(left) /tmp/share_cpu ${HANDOFF_THREADS:-15,6} 48 16 20 2>&1 \
           | tee $B/share-cpu.txt; touch $B/share.done; } ;;
+    esac
+    case ",${EXTRAS:-}," in *,worker,*)
+      [ -f $B/worker.done ] || [ $(left) -lt 60 ] || { bash scripts/h200/fetch-op.sh > /dev/null 2>&1; \
+          grep -E "FAIL|passed" $OUT/fetch-op.txt | tee $B/worker-ops.txt; (cd /tmp && timeout --foreground $(left) \
+          python3 -P $R/scripts/h200/worker_speed.py /tmp/big.gguf ${THREADS:-16,6} 64,32 2 40 2>&1 \
+          | grep --line-buffered -v "^llama\|^load_\|^load:\|^print_info\|^ggml_cuda\|^  Device" \
+          | tee $B/worker-speed.txt); touch $B/worker.done; } ;;
     esac
     case ",${EXTRAS:-}," in *,residue,*)
       [ -f $B/residue.done ] || [ $(left) -lt 60 ] || { (cd /tmp && timeout --foreground $(left) python3 -P \
