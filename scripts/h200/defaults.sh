@@ -16,8 +16,8 @@
 #       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
 #           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, worker, residue: at the run
 #           stage, before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6),
-#           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's worker against
-#           fetch and the split graph) at THREADS, 64 and 32 slots, and
+#           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's
+#           worker against fetch and the split graph) at THREADS, 64 and 32 slots, and
 #           tier_residue.py at 16 threads, 64 slots, RESIDUE_ROUNDS (10) rounds of static paired before and after a
 #           tier; each at most 120 s, none past LIMIT - 240 s.
 set -u
