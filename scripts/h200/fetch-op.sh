@@ -5,7 +5,7 @@
 # (the device's host buffer type): the tier's rule stepped by the GPU and its copies made by the GPU must match the
 # reference step for step, bit for bit; the join must wait for its answer in the GPU's queue and add it bit for bit.
 # Usage (repository root, CUDA engine installed in /tmp/site as for the other scripts): scripts/h200/fetch-op.sh
-# Result: $OUT/fetch-op.txt, "12 passed, 0 failed, 0 skipped" at its end, then "16 passed, 0 failed, 0 skipped".
+# Result: $OUT/fetch-op.txt, "12 passed, 0 failed, 0 skipped" at its end, then "20 passed, 0 failed, 0 skipped".
 set -uo pipefail
 source scripts/h200/common.sh
 PKG=$(python3 -P -c "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))")

@@ -9,7 +9,9 @@
 // written by another thread 50 ms into the graph (the node must wait for it, and read the share written before the
 // done word); a stale done word (the last request's) then the answer; no answer at all (after its timeout the node
 // gives a alone and sets the failed word to the request; on the CPU the graph's compute returns
-// GGML_STATUS_FAILED). Every result must equal the reference bit for bit (one IEEE addition per element).
+// GGML_STATUS_FAILED); an answer given up (the failed word already the request, as the worker marks the layers it
+// gives up: the node gives a alone at once, not after its timeout). Every result must equal the reference bit for
+// bit (one IEEE addition per element).
 //
 // Build against an installed engine (tests/engine/test_moe_join_op.py, scripts/h200/fetch-op.sh):
 //   g++ -O2 -std=c++17 moe_join_op.cpp -I<include> -L<lib> -lggml -lggml-base -lggml-cpu -Wl,-rpath,<lib>
@@ -32,7 +34,7 @@
 
 namespace {
 
-enum class answer_when { before, late, stale_then_late, never };
+enum class answer_when { before, late, stale_then_late, never, given_up };
 
 const char * when_name(answer_when w) {
     switch (w) {
@@ -40,6 +42,7 @@ const char * when_name(answer_when w) {
         case answer_when::late:            return "answered 50 ms late";
         case answer_when::stale_then_late: return "a stale done word, then answered";
         case answer_when::never:           return "never answered";
+        case answer_when::given_up:        return "given up by whoever computes it";
     }
     return "";
 }
@@ -59,7 +62,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
         a[i]     = dist(rng);
         share[i] = dist(rng);
     }
-    const bool answered = when != answer_when::never;
+    const bool answered = when != answer_when::never && when != answer_when::given_up;
     for (int64_t i = 0; i < ne; ++i) {
         want[i] = answered ? a[i] + share[i] : a[i];
     }
@@ -80,6 +83,8 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     if (when == answer_when::before) {
         memcpy(sh, share.data(), ne*sizeof(float));
         words[1] = request;
+    } else if (when == answer_when::given_up) {
+        words[2] = request; // (the failed word set to the request: the node must not wait for its timeout)
     } else if (when == answer_when::stale_then_late) {
         memcpy(sh, share.data(), ne*sizeof(float)); // (a stale answer's share must not be taken either)
         words[1] = request - 1;
@@ -90,7 +95,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd, k, n);
     ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors(ctx, backend);
     ggml_backend_tensor_set(x, a.data(), 0, ne*sizeof(float));
-    const int timeout_ms = answered ? 20000 : 30;
+    const int timeout_ms = when == answer_when::never ? 30 : 20000;
     ggml_tensor * y = ggml_moe_fetch_join(ctx, x, answer, want_w, timeout_ms);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, y);
@@ -131,8 +136,10 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
         why = "an answered join set the failed word";
     } else if (!answered && words[2] != request) {
         why = "the failed word is " + std::to_string(words[2]) + ", not the request " + std::to_string(request);
-    } else if (!answered && ms < timeout_ms) {
+    } else if (when == answer_when::never && ms < timeout_ms) {
         why = "it gave up before its timeout";
+    } else if (when == answer_when::given_up && ms > timeout_ms / 2) {
+        why = "it waited for its timeout (" + std::to_string(ms) + " ms) for an answer given up";
     } else if (when != answer_when::before && answered && ms < 45.0) {
         why = "it did not wait for the answer (" + std::to_string(ms) + " ms)";
     }
@@ -167,7 +174,7 @@ int main(int argc, char ** argv) {
     printf("backend %s, answers in %s\n", ggml_backend_name(backend), ggml_backend_buft_name(host_buft));
     const int64_t shapes[][3] = { { 2048, 8, 1 }, { 2048, 8, 4 }, { 64, 4, 3 }, { 7, 3, 1 } };
     const answer_when whens[] = { answer_when::before, answer_when::late, answer_when::stale_then_late,
-                                  answer_when::never };
+                                  answer_when::never, answer_when::given_up };
     int n_pass = 0, n_fail = 0;
     uint32_t seed = 1;
     for (const auto & s : shapes) {
