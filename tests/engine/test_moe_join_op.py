@@ -2,7 +2,8 @@
 and run on the CPU backend: four shapes (a 30B-A3B layer's share for one token and a verify batch, small ones, one
 off the kernel's vector path), each answered before the graph, 50 ms into it, after a stale done word, never, and
 given up: every result bit for bit the reference's, the waits waited, the one never answered given up after its
-timeout with the failed word set and the graph failed, the one given up failed at once. The same program runs over CUDA on the GPU box (scripts/h200/fetch-op.sh)."""
+timeout with the failed word set and the graph failed, the one given up failed at once. The same program runs over
+CUDA on the GPU box (scripts/h200/fetch-op.sh)."""
 
 from __future__ import annotations
 
