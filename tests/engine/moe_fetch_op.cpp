@@ -26,6 +26,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "op_backend.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -490,19 +492,13 @@ int main(int argc, char ** argv) {
         else if (a == "--steps" && i + 1 < argc) { steps = atoi(argv[++i]); }
         else { fprintf(stderr, "usage: %s [--backend NAME] [--steps T]\n", argv[0]); return 2; }
     }
-    ggml_backend_t backend = ggml_backend_init_by_name(name.c_str(), nullptr);
-    if (backend == nullptr) {
-        fprintf(stderr, "no backend named %s\n", name.c_str());
+    op_backend ob;
+    if (!op_backend_init(name, ob)) {
         return 2;
     }
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
-    ggml_backend_buffer_type_t host_buft = is_cpu ? ggml_backend_cpu_buffer_type() : ggml_backend_dev_host_buffer_type(dev);
-    if (host_buft == nullptr) {
-        fprintf(stderr, "%s has no host buffer type\n", name.c_str());
-        return 2;
-    }
-    ggml_backend_t cpu = is_cpu ? backend : ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_t backend = ob.backend;
+    ggml_backend_buffer_type_t host_buft = ob.host_buft;
+    ggml_backend_t cpu = ob.is_cpu ? backend : ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     printf("backend %s, host experts in %s\n", ggml_backend_name(backend), ggml_backend_buft_name(host_buft));
     const shape shapes[] = {
         { 16,  4,  8,  4, GGML_TYPE_F32,  32,  4, 2 },  // a tiny model's layer: one token fills the tier

@@ -23,6 +23,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "op_backend.h"
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -159,18 +161,12 @@ int main(int argc, char ** argv) {
         if (arg == "--backend" && i + 1 < argc) { name = argv[++i]; }
         else { fprintf(stderr, "usage: %s [--backend NAME]\n", argv[0]); return 2; }
     }
-    ggml_backend_t backend = ggml_backend_init_by_name(name.c_str(), nullptr);
-    if (backend == nullptr) {
-        fprintf(stderr, "no backend named %s\n", name.c_str());
+    op_backend ob;
+    if (!op_backend_init(name, ob)) {
         return 2;
     }
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
-    ggml_backend_buffer_type_t host_buft = is_cpu ? ggml_backend_cpu_buffer_type() : ggml_backend_dev_host_buffer_type(dev);
-    if (host_buft == nullptr) {
-        fprintf(stderr, "%s has no host buffer type\n", name.c_str());
-        return 2;
-    }
+    ggml_backend_t backend = ob.backend;
+    ggml_backend_buffer_type_t host_buft = ob.host_buft;
     printf("backend %s, answers in %s\n", ggml_backend_name(backend), ggml_backend_buft_name(host_buft));
     const int64_t shapes[][3] = { { 2048, 8, 1 }, { 2048, 8, 4 }, { 64, 4, 3 }, { 7, 3, 1 } };
     const answer_when whens[] = { answer_when::before, answer_when::late, answer_when::stale_then_late,

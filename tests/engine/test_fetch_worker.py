@@ -10,15 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_fetch_tier import LOAD, SHARE, _idle_cpu_s
+from test_fetch_tier import COST, LOAD, SHARE, _idle_cpu_s
 from test_native_tier import CHUNKS, PACK_HOST, _same, _script
 
 from moeslots.engine.llm.model import Context, Model
 from moeslots.engine.native import tier as native_tier
 from moeslots.engine.native.expert_cache import CacheError, SlotPlan
-from moeslots.profiles.costs import CostModel
-
-COST = CostModel(slab_mb=1.0, cpu_gbps=1.0, pcie_gbps=1.0, gpu_gbps=1000.0, base_ms=1.0)
 
 
 def _run(m: Model, ctx: Context, plan: SlotPlan, tier: int, worker: int

@@ -31,6 +31,15 @@ def build_op_test(out: Path, source: Path = SOURCE, name: str = "mmid_op", inclu
     return exe
 
 
+def run_op_test_on_cpu(out: Path, source: Path, name: str) -> str:
+    """An op test program (its own reference, one line a case and a summary) built and run on the CPU backend: its
+    output, once it exited 0."""
+    exe = build_op_test(out, source, name)
+    p = subprocess.run([str(exe), "--backend", "CPU"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    return p.stdout
+
+
 @pytest.fixture(scope="module")
 def op_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_op_test(tmp_path_factory.mktemp("mmid"))

@@ -7,16 +7,13 @@ CUDA on the GPU box (scripts/h200/fetch-op.sh)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from test_mmid_op import build_op_test
+from test_mmid_op import run_op_test_on_cpu
 
 SOURCE = Path(__file__).with_name("moe_join_op.cpp")
 
 
 def test_the_join_op_follows_its_contract_on_the_cpu(tmp_path: Path) -> None:
-    exe = build_op_test(tmp_path, SOURCE, "moe_join_op")
-    p = subprocess.run([str(exe), "--backend", "CPU"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert "20 passed, 0 failed" in p.stdout
+    out = run_op_test_on_cpu(tmp_path, SOURCE, "moe_join_op")
+    assert "20 passed, 0 failed" in out
