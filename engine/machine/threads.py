@@ -4,7 +4,8 @@ llama.cpp's CPU threads wait for each other at every op of the graph by spinning
 moment the UI thread runs (a redraw, a timer, a toast) takes a core from one of them and the others spin until
 it is back: on a 2-core machine two threads ran the bundled model at 1,100 tok/s alone and at 80 tok/s under the
 app once a notification was on screen; one thread ran it at 950 tok/s alone and 850 under the app. Hyper-threads
-share a core's arithmetic, so the count starts from physical cores, as llama.cpp's own tools do.
+share a core's arithmetic, so the count starts from physical cores, as llama.cpp's own tools do. (A second way
+threads stall each other, two OpenMP teams over the CPUs, is kept out by engine.runtime.passing_thread.)
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def cmd_bench_app(a: argparse.Namespace) -> int:
     from ..engine.machine import bundled
     from ..engine.machine.threads import app_threads
     from ..engine.native import lib as native
+    from ..engine.runtime import passing_thread
     from ..engine.runtime.engine import Engine, EngineConfig
     from ..tui import appbench
 
@@ -65,9 +66,10 @@ def cmd_bench_app(a: argparse.Namespace) -> int:
     pack_host = not native.gpus()
     if a.no_mtp and a.mtp_always:
         raise UserError("--no-mtp and --mtp-always contradict each other")
-    eng = Engine(EngineConfig(model=model, n_ctx=a.ctx, slots=a.slots or 0, profile=profile, mtp=not a.no_mtp,
-                              mtp_auto=not a.mtp_always, threads=threads, pack_host=pack_host, mmap=not a.no_mmap,
-                              max_tokens=a.n_tokens))
+    cfg = EngineConfig(model=model, n_ctx=a.ctx, slots=a.slots or 0, profile=profile, mtp=not a.no_mtp,
+                       mtp_auto=not a.mtp_always, threads=threads, pack_host=pack_host, mmap=not a.no_mmap,
+                       max_tokens=a.n_tokens)
+    eng = passing_thread.run(lambda: Engine(cfg))        # opened as `chat` opens it: nothing computed on this thread
     try:
         mtp = eng.mtp is not None
         res = appbench.run(eng, model=model.name, slots=a.slots or 0, threads=threads, mtp=mtp, n_tokens=a.n_tokens,

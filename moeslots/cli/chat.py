@@ -31,6 +31,7 @@ def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], 
     planned, after a first-run calibration whose steps are printed here) said in a notice."""
     from ..engine.machine.threads import app_threads
     from ..engine.native import lib as native
+    from ..engine.runtime import passing_thread
     from ..engine.runtime.engine import Engine as LocalEngine
     from ..engine.runtime.engine import EngineConfig
     from ..engine.runtime.residency import AUTO_EVERY
@@ -51,19 +52,20 @@ def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], 
     repick = s.repick
     every, swaps = parse_repick(repick)
     threads = s.threads or app_threads()       # the app keeps a physical core for its UI (engine/machine/threads.py)
-    eng = LocalEngine(EngineConfig(model=model, n_ctx=s.ctx, slots=n_or_auto, profile=s.profile, mtp=s.mtp,
-                                   threads=threads, pack_host=pack_host, repick_every=every, repick_swaps=swaps,
-                                   async_cpu=s.async_cpu, mmap=s.mmap,
-                                   repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
-                                   auto_profile=s.auto_profile, policy=policy),
-                      progress=progress or _progress)
+    cfg = EngineConfig(model=model, n_ctx=s.ctx, slots=n_or_auto, profile=s.profile, mtp=s.mtp, threads=threads,
+                       pack_host=pack_host, repick_every=every, repick_swaps=swaps, async_cpu=s.async_cpu,
+                       mmap=s.mmap, repick_auto_every=AUTO_EVERY if repick == "auto" else 0,
+                       auto_profile=s.auto_profile, policy=policy)
+    # off this thread: what the load computes (the first-run calibration) leaves no OpenMP team behind on a thread
+    # that outlives it, beside each reply's own (engine.runtime.passing_thread)
+    eng = passing_thread.run(lambda: LocalEngine(cfg, progress=progress or _progress))
     if pack_host and n_or_auto not in (0, "0"):
         eng.notices.append("no GPU: the slots live in host memory (shows the cache at work; no speed-up)")
     if policy.moves_slots and eng.residency.policy_line:
         eng.notices.append(f"residency: {eng.residency.policy_line}")
     if repick == "auto":
         try:
-            eng.notices.append(eng.set_repick_auto())
+            eng.notices.append(passing_thread.run(eng.set_repick_auto))
         except BaseException:
             eng.close()
             raise

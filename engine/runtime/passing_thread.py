@@ -1,0 +1,39 @@
+"""Work that may compute on the CPU, run in a thread that ends with it, so the calling thread never computes.
+
+The engine's CPU backend runs each graph as an OpenMP team of the thread that computes it, and libgomp keeps that
+team, parked, for as long as the thread lives. Once the threads libgomp manages outnumber the CPUs, every wait of
+every team spins 100 rounds and then sleeps in the kernel, at every op of every graph. So two threads that have both
+computed with T threads, on a machine with fewer than about 2T CPUs, slow each other down for good: on a 2-core
+machine at 2 threads, one-token decodes of the bundled model in a thread took 0.30 ms alone and 3.4-6.0 ms once the
+calling thread had decoded a prompt; on the GPU box (16 CPUs) a share worker's team of 16 beside the decoding
+thread's computed 1.7-1.9x slower than without OpenMP (docs/lab/2026-12-07-worker-openmp.md). The app decodes each
+reply in a thread of its own, which ends with the reply; opening a model (where the first-run calibration decodes)
+runs here, in a thread that ends too, so no team outlives its work.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def run(fn: Callable[[], T], name: str = "moeslots-open") -> T:
+    """fn() in a new thread that ends when fn returns; its result, or its exception raised here. The caller waits in
+    short joins, so Ctrl-C reaches it (the thread is a daemon: an interrupted load does not hold the exit)."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:          # noqa: BLE001 - handed to the caller, whatever it is
+            box["error"] = e
+
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.1)
+    if "error" in box:
+        raise box["error"]                  # type: ignore[misc]
+    return box["value"]                     # type: ignore[return-value]
