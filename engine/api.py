@@ -6,6 +6,10 @@ of it (tests/fakes.py).
     for ev in eng.chat(messages, cancel=event):   # a worker thread; TextDelta..., then Done(stats, text)
         ...
     eng.snapshot() -> Snapshot                    # immutable, cheap, from any thread
+
+Open and chat from threads that end with their work (the app: engine.runtime.passing_thread for the load, a
+thread per reply), or from one thread throughout: a thread that has computed keeps its OpenMP team while it lives,
+and two teams over the CPUs make every wait of both sleep.
 """
 
 from __future__ import annotations
