@@ -13,6 +13,7 @@ runs here, in a thread that ends too, so no team outlives its work.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Callable, TypeVar
 
@@ -21,19 +22,33 @@ T = TypeVar("T")
 
 def run(fn: Callable[[], T], name: str = "moeslots-open") -> T:
     """fn() in a new thread that ends when fn returns; its result, or its exception raised here. The caller waits in
-    short joins, so Ctrl-C reaches it (the thread is a daemon: an interrupted load does not hold the exit)."""
+    short joins, so Ctrl-C (or a signal made one) reaches it; fn then gets a KeyboardInterrupt too, where it would have
+    on the calling thread (after the library call in progress), cleans up as it would there, and the caller raises
+    its own once fn's thread has ended: nothing is left loading while the process exits."""
     box: dict[str, object] = {}
+    done = threading.Event()                # (not join(): an interrupted join can leave the thread looking ended)
 
     def target() -> None:
         try:
             box["value"] = fn()
         except BaseException as e:          # noqa: BLE001 - handed to the caller, whatever it is
             box["error"] = e
+        finally:
+            done.set()
 
     t = threading.Thread(target=target, name=name, daemon=True)
     t.start()
-    while t.is_alive():
-        t.join(0.1)
+    try:
+        while not done.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        if t.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt))
+        while not done.wait(0.1):
+            pass
+        t.join()
+        raise
+    t.join()
     if "error" in box:
         raise box["error"]                  # type: ignore[misc]
     return box["value"]                     # type: ignore[return-value]

@@ -4,8 +4,10 @@ the team of each reply's thread (two teams over the CPUs make every wait of both
 
 from __future__ import annotations
 
+import _thread
 import functools
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +62,26 @@ def test_opening_a_model_decodes_off_the_calling_thread(tiny_glm: Path, tmp_path
         assert reply and where[n:] and set(where[n:]) == {threading.get_ident()}
     finally:
         eng.close()
+
+
+def test_ctrl_c_while_it_runs_stops_the_work_too_and_is_raised_once_it_has_ended() -> None:
+    """Ctrl-C reaches the waiting caller; the work gets it where it is (as it would on the caller's thread), cleans
+    up, and only then does the caller raise: nothing keeps loading while the process exits."""
+    seen: list[str] = []
+
+    def work() -> None:
+        try:
+            for _ in range(3000):                              # 30 s: far past the interrupt
+                time.sleep(0.01)
+            seen.append("finished")
+        except KeyboardInterrupt:
+            seen.append("interrupted")
+            raise
+        finally:
+            seen.append("cleaned up")
+
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        passing_thread.run(work, name="test-interrupted")
+    assert seen == ["interrupted", "cleaned up"]
+    assert not [t for t in threading.enumerate() if t.name == "test-interrupted"]
