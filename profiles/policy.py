@@ -10,7 +10,7 @@ import dataclasses
 from typing import Sequence
 
 from .costs import CostModel
-from .hybrid import ENGINE, FETCH, FETCH_SPLIT, Mechanism, core_and_tier, simulate_hybrid
+from .hybrid import ENGINE, FETCH, FETCH_SPLIT, HybridResult, Mechanism, core_and_tier, simulate_hybrid
 from .repick import Picks, _picks
 from .simulate import layer_counts
 from .trace import Trace
@@ -22,9 +22,10 @@ TIER_SIZED = ("hybrid",) + GPU_STEPPED                # --tier D sizes it (dynam
 SPLIT_BY_COST = ("hybrid", "dynamic", "fetch-split")  # misses split between the CPU and copies by this machine's costs
 MAX_SCORED = 512          # tokens `auto` scores (the last ones of the profile): a load-time decision, kept short
 # A GPU-stepped tier's sizes the simulator cannot tell apart (within this share of the best estimate) go to the
-# fewest tier slots: its step costs the GPU time a tier slot a layer that the model does not count. On the GPU box
-# (H100, 2026-12-07) the split with fewer tier slots ran faster in all six pairs of rows of one policy at equal
-# predictions, by about 0.36 µs a tier slot a layer (docs/lab/2026-12-07-worker-openmp.md, section 6).
+# fewest tier slots: its step seems to cost GPU time a tier slot a layer that the model does not count. On the GPU
+# box (H100, 2026-12-07) the split with fewer tier slots ran faster than predicted against the other in all six pairs
+# of rows of one policy, 0.2-0.7 µs a tier slot a layer, each pair one reading (docs/lab/2026-12-07-worker-openmp.md,
+# section 6). Provisional: the margin is not derived from the data; a measured cost a slot replaces it.
 TIER_NEAR = 0.01
 
 
@@ -191,11 +192,6 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
     ranked = tuple(Scored(pol, d, r.ms_per_token, r.hit_rate)
                    for r, d, pol in sorted(results, key=lambda x: (x[0].ms_per_token, x[1], x[2])))
     best, d, pol = min(results[1:], key=lambda r: (r[0].ms_per_token, r[1], r[2]), default=results[0])
-    fewest = fewest_near(results[1:], best.ms_per_token, pol) if pol in GPU_STEPPED else None
-    near = ""
-    if fewest is not None and fewest[1] < d:
-        near = f"; {d} tier slots est. {best.ms_per_token:.2f}, within {100 * TIER_NEAR:.0f} %: the fewest kept"
-        best, d, pol = fewest
     gain = 1 - best.ms_per_token / static.ms_per_token if static.ms_per_token > 0 else 0.0
     scored = (f"core from the profile's first {cut} tokens, scored on {len(test)} later ones" if split
               else f"profile of {T} tokens scored in-sample")
@@ -207,6 +203,12 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
             f"({scored}; uploads {cost.pcie_gbps:.1f} GB/s"
             f"{', from pageable memory: they add to the CPU part' if cost.serial_uploads else ''}, "
             f"CPU {cost.cpu_gbps:.1f} GB/s)"), ranked)
+    near = ""                                           # (the gain above is the best estimate's, before this)
+    fewest = fewest_near(results[1:], best.ms_per_token, pol) if pol in GPU_STEPPED else None
+    if fewest is not None and fewest[1] < d:
+        near = f"; {d} tier slots est. {best.ms_per_token:.2f}, within {100 * TIER_NEAR:.0f} %: the fewest kept"
+        best, d, pol = fewest
+        gain = 1 - best.ms_per_token / static.ms_per_token
     second = Decision(pol, d, "", ranked).runner_up()      # the one auto's self-check would try
     return Decision(pol, d, (
         f"{pol}: {slots - d} core + {d} tier slots, {100 * best.hit_rate:.0f} % hits (static "
@@ -215,8 +217,9 @@ def decide_policy(trace: "Trace | Picks", slots: int, cost: CostModel | None = N
         + f", static {static.ms_per_token:.2f}: {100 * gain:.0f} % faster ({scored}{near})"), ranked)
 
 
-def fewest_near(results: Sequence[tuple[object, int, str]], best_ms: float, pol: str) -> tuple | None:
+def fewest_near(results: Sequence[tuple[HybridResult, int, str]], best_ms: float,
+                pol: str) -> tuple[HybridResult, int, str] | None:
     """Of `pol`'s scored tier sizes (simulation result, tier slots, policy), the fewest tier slots estimated within
     TIER_NEAR of best_ms (None: none of them)."""
-    near = [r for r in results if r[2] == pol and r[0].ms_per_token <= best_ms * (1 + TIER_NEAR)]  # type: ignore
+    near = [r for r in results if r[2] == pol and r[0].ms_per_token <= best_ms * (1 + TIER_NEAR)]
     return min(near, key=lambda r: r[1], default=None)

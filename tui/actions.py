@@ -15,6 +15,7 @@ from typing import Any, Callable
 from textual.app import App
 
 from ..engine.api import Engine
+from ..engine.runtime import passing_thread
 from .keys import keys_of
 from .messages import Notice
 from .screens.modals import ConfirmScreen, NameScreen, SlotsScreen
@@ -78,7 +79,9 @@ class EngineActions:
 
     def set_slots(self, value: str) -> str:
         """On a worker thread: the engine's new slots (raises on failure, the old plan kept), then config.toml."""
-        line = self.engine.set_slots(value if value == "auto" else int(value))
+        # (a thread that ends with it: a new plan may calibrate, engine.runtime.passing_thread)
+        line = passing_thread.run(lambda: self.engine.set_slots(value if value == "auto" else int(value)),
+                                  name="moeslots-slots")
         if self.remember:
             from . import config
 

@@ -23,6 +23,7 @@ from textual.timer import Timer
 from textual.widgets import Markdown
 
 from ..engine.api import Done, Engine, Message, Sampling, TextDelta
+from ..engine.runtime import passing_thread
 from .keys import keys_of
 from .mdtext import as_markdown, mark_stopped, unmarked
 from .messages import ReplyDone
@@ -204,6 +205,11 @@ class ChatPane(Vertical):
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def _generate(self, messages: list[Message], cancel: threading.Event, sampling: Sampling) -> None:
+        # Textual's thread workers are a pool's threads, kept and reused: the reply decodes on a thread of its own
+        # that ends with it, so no CPU thread team stays parked beside the next one (engine.runtime.passing_thread)
+        passing_thread.run(lambda: self._reply(messages, cancel, sampling), name="moeslots-reply")
+
+    def _reply(self, messages: list[Message], cancel: threading.Event, sampling: Sampling) -> None:
         put = self.reply.put                               # per token: a list append, never a wait on the UI
         text, stats, error = "", None, None
         # the chat's max tokens (0: the engine's own limit), passed only when set (engine.engine.Engine.chat takes it)

@@ -65,7 +65,7 @@ def open_engine(model: Path, s: launch.ChatSettings, progress: "Callable[[str], 
         eng.notices.append(f"residency: {eng.residency.policy_line}")
     if repick == "auto":
         try:
-            eng.notices.append(passing_thread.run(eng.set_repick_auto))
+            eng.notices.append(eng.set_repick_auto())                  # (simulates: computes nothing)
         except BaseException:
             eng.close()
             raise
