@@ -13,8 +13,11 @@
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
 #   LLB=0: no llama-bench (the build stage for the extras and the scripts alone; the run stage needs it).
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
-#       settle: at the build stage, after the builds (in place of the calibrations when CALS=0), scripts/h200/settle.py
-#           for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, worker, residue: at the run
+#       fetchlayer, app, settle: at the build stage, after the builds (in place of the calibrations when CALS=0):
+#           scripts/h200/fetch_layer.cu (the tier's fixed GPU time a layer); scripts/open_thread_check.py on the
+#           big model at 15 threads (a first-run calibration's thread beside the replies');
+#           scripts/h200/settle.py for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, worker,
+#           residue: at the run
 #           stage, before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6),
 #           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's
 #           worker against fetch and the split graph) at THREADS, 64 and 32 slots, and
@@ -47,6 +50,19 @@ if [ "$STAGE" = build ]; then
         | grep -v "^llama\|^load\|^print_info" | tee $B/calibrations.txt)
     # whether the CPU's rate settles after the load, under the calibration's plan and a shuffled one
     # (--foreground: a stage stopped at its limit takes the reading with it, nothing is left holding the GPU)
+    # the tier's own fixed GPU time a layer (needs only nvcc) and a first-run calibration's thread beside the
+    # replies' on the big model (the box has no Textual: the app itself is measured elsewhere), each alone
+    case ",${EXTRAS:-}," in *,fetchlayer,*)
+      G=$R/.export/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml
+      /usr/local/cuda/bin/nvcc -std=c++17 -O3 -arch=sm_90 -I$G/include -I$G/src -I$G/src/ggml-cuda \
+          $R/scripts/h200/fetch_layer.cu -o /tmp/fetch_layer -Xlinker --unresolved-symbols=ignore-all \
+          && timeout 120 /tmp/fetch_layer | tee $B/fetch-layer.txt ;;
+    esac
+    case ",${EXTRAS:-}," in *,app,*)
+      (cd /tmp && timeout 300 python3 -P $R/scripts/open_thread_check.py 15 3 --model=/tmp/big.gguf \
+          --profile=$R/profiles/data/moeslots-donor-qwen3-30b-a3b-chat-sampled.npz --slots=64 2>&1 \
+          | tee $B/open-thread-check.txt) ;;
+    esac
     case ",${EXTRAS:-}," in *,settle,*)
       (cd /tmp && timeout --foreground $(( WAIT + 60 - ($(date +%s) - START) )) python3 -P \
           $R/scripts/h200/settle.py /tmp/big.gguf ${CAL_THREADS:-6,16} ${SETTLE:-120} 64 2>&1 \
