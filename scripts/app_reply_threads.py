@@ -55,7 +55,9 @@ def main() -> None:
     for way in ("pool", "own"):
         r = subprocess.run([sys.executable, "-P", __file__, way, str(threads), str(runs), str(replies)],
                            capture_output=True, text=True)
-        print("\n".join(x for x in r.stdout.splitlines() if x.startswith("| ")) or r.stderr[-400:], flush=True)
+        print("\n".join(x for x in r.stdout.splitlines() if x.startswith("| ")), flush=True)
+        if r.returncode != 0:
+            sys.exit(f"app_reply_threads.py: the {way} run failed: {r.stderr.strip()[-600:]}")
 
 
 if __name__ == "__main__":

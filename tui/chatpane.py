@@ -207,7 +207,10 @@ class ChatPane(Vertical):
     def _generate(self, messages: list[Message], cancel: threading.Event, sampling: Sampling) -> None:
         # Textual's thread workers are a pool's threads, kept and reused: the reply decodes on a thread of its own
         # that ends with it, so no CPU thread team stays parked beside the next one (engine.runtime.passing_thread)
-        passing_thread.run(lambda: self._reply(messages, cancel, sampling), name="moeslots-reply")
+        try:
+            passing_thread.run(lambda: self._reply(messages, cancel, sampling), name="moeslots-reply")
+        except Exception as e:  # noqa: BLE001 - no thread for the reply (it posts its own ReplyDone otherwise)
+            self.post_message(ReplyDone("", None, f"could not start the reply: {e}"))
 
     def _reply(self, messages: list[Message], cancel: threading.Event, sampling: Sampling) -> None:
         put = self.reply.put                               # per token: a list append, never a wait on the UI

@@ -55,6 +55,7 @@ class Engine:
         expert_cache.set_async(cfg.async_cpu)
         self.state = EngineState(cfg)               # config, plan, counters, locks: shared with the parts, one owner
         self._closed = False                        # after close(): every call raises ClosedError (engine.errors)
+        self._free_later = False                    # close() timed out waiting for a reply: the reply frees it
         self.notices: list[str] = []                # said once to the user (e.g. "no MTP head")
         track(self, ENGINE)
         load = hardware.resolve_mmap(cfg.mmap, discovery.expert_bytes(cfg.model))
@@ -227,6 +228,11 @@ class Engine:
                 self.state.set_generating(False)
                 self.residency.generation_ended()
             self.state.busy.release()
+            if self._free_later and self.state.busy.acquire(blocking=False):
+                try:                                   # closed while this reply ran past close()'s wait: freed
+                    self._close()                      # here, by the last one to use it
+                finally:
+                    self.state.busy.release()
 
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
@@ -398,6 +404,9 @@ class Engine:
         if leave and busy is not None and not got:
             untrack(getattr(self, "mtp", None), getattr(self, "ctx", None), getattr(self, "model", None))
             return
+        if busy is not None and not got:
+            self._free_later = True        # a reply still decoding on another thread frees it when it ends, not this
+            return                         # thread under it (a prefill or a calibration checks no cancel)
         try:
             self._close()
         finally:

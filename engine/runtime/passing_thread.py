@@ -41,16 +41,17 @@ def run(fn: Callable[[], T], name: str = "moeslots-open") -> T:
         return done.wait(0.1) or not t.is_alive()
 
     t = threading.Thread(target=target, name=name, daemon=True)
-    t.start()
     try:
+        t.start()
         while not ended():
             pass
     except KeyboardInterrupt:
-        if t.ident is not None:
+        if t.ident is not None and not done.is_set() and t.is_alive():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt))
-        while True:                         # the work is stopping: a second Ctrl-C does not leave it running
+        while t.ident is not None:          # the work is stopping: a second Ctrl-C does not leave it running
             try:
                 if ended():
+                    t.join()
                     break
             except KeyboardInterrupt:
                 continue

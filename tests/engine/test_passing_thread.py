@@ -42,11 +42,11 @@ def test_opening_a_model_decodes_off_the_calling_thread(tiny_glm: Path, tmp_path
     rows = [(t, il, rng.choice(16, 4, replace=False).tolist()) for t in range(400) for il in (1, 2)]
     prof = tmp_path / "p.csv"
     write_csv(from_rows(rows, {"n_expert": "16"}, k=4), prof)
-    where: list[int] = []
+    where: list[threading.Thread] = []
     real = Context.decode
 
     def decode(self: Context, *a: object, **k: object) -> object:
-        where.append(threading.get_ident())
+        where.append(threading.current_thread())
         return real(self, *a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Context, "decode", decode)
@@ -55,11 +55,11 @@ def test_opening_a_model_decodes_off_the_calling_thread(tiny_glm: Path, tmp_path
                                              policy=Policy("auto")), progress=said.append)
     try:
         assert any(s.startswith("calibrating for --policy auto") for s in said), said      # the load decoded
-        assert where and threading.get_ident() not in where, len(where)
-        assert not [t for t in threading.enumerate() if t.ident in set(where)]           # and that thread is gone
+        assert where and threading.current_thread() not in where, len(where)
+        assert not any(t.is_alive() for t in where)                                     # and that thread is gone
         n = len(where)
         reply = list(eng.chat([engine_mod.Message("user", "hello")], max_tokens=4))
-        assert reply and where[n:] and set(where[n:]) == {threading.get_ident()}
+        assert reply and where[n:] and set(where[n:]) == {threading.current_thread()}
     finally:
         eng.close()
 
@@ -70,6 +70,7 @@ def test_ctrl_c_while_it_runs_stops_the_work_too_and_is_raised_once_it_has_ended
     seen: list[str] = []
 
     def work() -> None:
+        threading.Timer(0.3, _thread.interrupt_main).start()         # once the work runs, as a user's Ctrl-C
         try:
             for _ in range(3000):                              # 30 s: far past the interrupt
                 time.sleep(0.01)
@@ -80,7 +81,6 @@ def test_ctrl_c_while_it_runs_stops_the_work_too_and_is_raised_once_it_has_ended
         finally:
             seen.append("cleaned up")
 
-    threading.Timer(0.3, _thread.interrupt_main).start()
     with pytest.raises(KeyboardInterrupt):
         passing_thread.run(work, name="test-interrupted")
     assert seen == ["interrupted", "cleaned up"]
