@@ -389,7 +389,8 @@ class Engine:
 
     def close(self, timeout: float = 30.0) -> None:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a
-        worker thread never decodes on a freed model (the app quits this way)."""
+        worker thread never decodes on a freed model (the app quits this way). A reply still running after that
+        stops at its next token and frees everything itself as it ends."""
         self._close_after(timeout, leave=False)
 
     def close_at_exit(self) -> None:
