@@ -22,7 +22,7 @@ from ...profiles.trace import Trace, write_csv
 from ..api import Done, EngineConfig, LayerSnapshot, Message, Sampling, Snapshot, TextDelta, TurnStats
 from ..errors import EngineError, refuse_closed
 from ..llm import recurrent
-from ..llm.model import ENGINE, Context, Detokenizer, LoadOptions, Model, default_threads, track, untrack
+from ..llm.model import ENGINE, Context, Detokenizer, LoadOptions, Model, default_threads, track
 from ..llm.mtp import MTP, sample
 from ..llm.mtp import attach as attach_mtp
 from ..llm.template import generation_start, render_chat
@@ -30,7 +30,7 @@ from ..machine import autocal, calibrate, discovery, hardware
 from ..native import expert_cache, routing_stats
 from ..native import lib as native
 from ..native.expert_cache import SlotPlan
-from . import autoprofile, recent_routing, slot_plans, window, window_stats
+from . import autoprofile, closing, recent_routing, slot_plans, window, window_stats
 from .mtp_auto import AdaptiveMTP
 from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
@@ -228,11 +228,7 @@ class Engine:
                 self.state.set_generating(False)
                 self.residency.generation_ended()
             self.state.busy.release()
-            if self._free_later and self.state.busy.acquire(blocking=False):
-                try:                                   # closed while this reply ran past close()'s wait: freed
-                    self._close()                      # here, by the last one to use it
-                finally:
-                    self.state.busy.release()
+            closing.free_if_left(self)                 # closed while this reply ran past close()'s wait
 
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
@@ -391,38 +387,9 @@ class Engine:
         """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a
         worker thread never decodes on a freed model (the app quits this way). A reply still running after that
         stops at its next token and frees everything itself as it ends."""
-        self._close_after(timeout, leave=False)
+        closing.close_after(self, timeout, leave=False)
 
     def close_at_exit(self) -> None:
         """The interpreter is exiting (engine.model's atexit hook): close unless a reply is still being generated
         on another thread; then leave the native objects to the OS rather than free them under that thread."""
-        self._close_after(2.0, leave=True)
-
-    def _close_after(self, timeout: float, *, leave: bool) -> None:
-        self._closed = True            # first: a reply generating on another thread stops at its next token
-        busy = self.state.busy if hasattr(self, "state") else None
-        got = busy.acquire(timeout=timeout) if busy is not None else False
-        if leave and busy is not None and not got:
-            untrack(getattr(self, "mtp", None), getattr(self, "ctx", None), getattr(self, "model", None))
-            return
-        if busy is not None and not got:
-            self._free_later = True        # a reply still decoding on another thread frees it when it ends, not this
-            return                         # thread under it (a prefill or a calibration checks no cancel)
-        try:
-            self._close()
-        finally:
-            if got and busy is not None:
-                busy.release()
-
-    def _close(self) -> None:
-        if (auto := getattr(self, "_auto", None)) is not None:
-            auto.close()                               # the last reply's profile save finishes first
-        if getattr(self, "residency", None) is not None:
-            self.residency.close()
-        with self.state.lock:
-            if (mtp := getattr(self, "mtp", None)) is not None:
-                mtp.close()
-                self.mtp = None
-            if getattr(self, "ctx", None):
-                self.ctx.close()
-            self.model.close()
+        closing.close_after(self, 2.0, leave=True)
