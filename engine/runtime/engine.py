@@ -30,7 +30,8 @@ from ..machine import autocal, calibrate, discovery, hardware
 from ..native import expert_cache, routing_stats
 from ..native import lib as native
 from ..native.expert_cache import SlotPlan
-from . import autoprofile, closing, recent_routing, slot_plans, window, window_stats
+from . import autoprofile, recent_routing, slot_plans, window, window_stats
+from .closing import Closing
 from .mtp_auto import AdaptiveMTP
 from .record import Recorder, routing_meta, stop_recorder, whatif_line
 from .residency import Residency
@@ -44,7 +45,7 @@ __all__ = ["Done", "Engine", "EngineConfig", "LayerSnapshot", "Message", "Sampli
            "TurnStats"]
 
 
-class Engine:
+class Engine(Closing):
     """The engine of design §4 (engine.api.Engine): one model, one chat context, native routing stats on."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[str], None] | None = None):
@@ -228,7 +229,7 @@ class Engine:
                 self.state.set_generating(False)
                 self.residency.generation_ended()
             self.state.busy.release()
-            closing.free_if_left(self)                 # closed while this reply ran past close()'s wait
+            self._free_if_left()                       # closed while this reply ran past close()'s wait
 
     def _chat(self, messages: Sequence[Message], cancel: threading.Event,
               max_tokens: int) -> Iterator[Union[TextDelta, Done]]:
@@ -382,14 +383,3 @@ class Engine:
                 generating=self.state.generating, repicks=res.repicks, repick_swaps=res.swaps,
                 repick_mb=res.bytes / 1e6, repick_every=self.cfg.repick_every, repick_auto=res.auto_line,
                 reread=self._reread, n_expert=f.n_expert, progress=self._progress, **fields)
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Free everything; waits (up to `timeout`) for a reply in progress to finish — cancel it first — so a
-        worker thread never decodes on a freed model (the app quits this way). A reply still running after that
-        stops at its next token and frees everything itself as it ends."""
-        closing.close_after(self, timeout, leave=False)
-
-    def close_at_exit(self) -> None:
-        """The interpreter is exiting (engine.model's atexit hook): close unless a reply is still being generated
-        on another thread; then leave the native objects to the OS rather than free them under that thread."""
-        closing.close_after(self, 2.0, leave=True)
