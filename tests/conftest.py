@@ -63,3 +63,22 @@ def dense_gguf(models_dir: Path) -> Path:
     w.write_ti_data_to_file()
     w.close()
     return p
+
+
+@pytest.fixture()
+def decode_threads(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The thread of every Context.decode from here on, in call order (which thread computes: a thread that outlives
+    its work keeps its CPU thread team parked, engine.runtime.passing_thread)."""
+    import threading
+
+    from moeslots.engine.llm.model import Context
+
+    seen: list[threading.Thread] = []
+    real = Context.decode
+
+    def decode(self: Context, *a: object, **k: object) -> object:
+        seen.append(threading.current_thread())
+        return real(self, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Context, "decode", decode)
+    return seen

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeslots.engine.llm.model import Context
 from moeslots.engine.runtime import passing_thread
 from moeslots.profiles.policy import Policy
 from moeslots.profiles.trace import from_rows, write_csv
@@ -28,7 +27,8 @@ def test_run_returns_the_value_and_raises_the_error_on_the_calling_thread() -> N
 
 
 def test_opening_a_model_decodes_off_the_calling_thread(tiny_glm: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        decode_threads: list[threading.Thread]) -> None:
     """`chat MODEL` with auto and a first-run calibration to make (asked for without a GPU here, as a GPU machine's
     first session does by itself): every decode of the load runs on a thread that has ended when the engine is
     returned, none on the caller's; the reply's decodes run where the reply is consumed."""
@@ -42,14 +42,7 @@ def test_opening_a_model_decodes_off_the_calling_thread(tiny_glm: Path, tmp_path
     rows = [(t, il, rng.choice(16, 4, replace=False).tolist()) for t in range(400) for il in (1, 2)]
     prof = tmp_path / "p.csv"
     write_csv(from_rows(rows, {"n_expert": "16"}, k=4), prof)
-    where: list[threading.Thread] = []
-    real = Context.decode
-
-    def decode(self: Context, *a: object, **k: object) -> object:
-        where.append(threading.current_thread())
-        return real(self, *a, **k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Context, "decode", decode)
+    where = decode_threads
     said: list[str] = []
     eng = open_engine(tiny_glm, ChatSettings(profile=prof, slots="6", mtp=False, threads=2, ctx=256,
                                              policy=Policy("auto")), progress=said.append)

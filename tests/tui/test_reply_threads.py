@@ -12,31 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from moeslots.engine.llm.model import Context
 from moeslots.engine.machine import bundled
 from moeslots.engine.runtime.engine import Engine, EngineConfig
 from moeslots.tui import appbench
 
 
-def test_replies_and_slot_changes_decode_on_threads_that_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    decoders: list[threading.Thread] = []
-    real = Context.decode
-
-    def decode(self: Context, *a: object, **k: object) -> object:
-        t = threading.current_thread()
-        if t not in decoders:
-            decoders.append(t)
-        return real(self, *a, **k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Context, "decode", decode)
+def test_replies_and_slot_changes_decode_on_threads_that_end(decode_threads: list[threading.Thread]) -> None:
     eng = Engine(EngineConfig(model=bundled.model(), profile=bundled.profile("merged"), slots=bundled.SLOTS,
                               mtp=False, threads=1, pack_host=True, max_tokens=8, n_ctx=512))
     try:
-        before = len(decoders)
+        before = len(decode_threads)
         with tempfile.TemporaryDirectory() as d:
             res = asyncio.run(appbench._run_app_side(eng, "Say hello.", 3, Path(d), timeout=300))
         assert len(res.tok_s) == 3
-        replies = decoders[before:]
+        replies = list(dict.fromkeys(decode_threads[before:]))     # each thread once, in the order they decoded
         assert replies and all(t.name == "moeslots-reply" for t in replies), [t.name for t in replies]
         assert len(replies) == 3                                    # a thread of its own for each reply ...
         for t in replies:
@@ -47,7 +36,8 @@ def test_replies_and_slot_changes_decode_on_threads_that_end(monkeypatch: pytest
 
 
 def test_a_slot_change_that_calibrates_decodes_on_a_thread_that_ends(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   decode_threads: list[threading.Thread]) -> None:
     """The app's slot change (the dialog and a recorded profile applied both call EngineActions.set_slots): with
     `auto` and no calibration stored for this shape yet, the new plan calibrates, and those decodes run on a thread
     that has ended when the change returns, none on the caller's."""
@@ -55,20 +45,14 @@ def test_a_slot_change_that_calibrates_decodes_on_a_thread_that_ends(monkeypatch
     from moeslots.tui.actions import EngineActions
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    where: list[threading.Thread] = []
-    real = Context.decode
-
-    def decode(self: Context, *a: object, **k: object) -> object:
-        where.append(threading.current_thread())
-        return real(self, *a, **k)  # type: ignore[arg-type]
-
     eng = Engine(EngineConfig(model=bundled.model(), profile=bundled.profile("merged"), slots=0, mtp=False,
                               threads=1, pack_host=True, policy=Policy("auto"), calibrate="always", n_ctx=512))
     try:
-        monkeypatch.setattr(Context, "decode", decode)
+        n = len(decode_threads)                                     # the slot change's decodes alone
         said: list[str] = []
         eng.progress_cb = said.append
         EngineActions(None, lambda: eng).set_slots("16")  # type: ignore[arg-type]
+        where = decode_threads[n:]
         assert any(s.startswith("calibrating for --policy auto") for s in said), said
         assert where and threading.current_thread() not in where
         assert {t.name for t in where} == {"moeslots-slots"} and not any(t.is_alive() for t in where)
