@@ -223,26 +223,29 @@ std::vector<int32_t> run_take(ggml_backend_t cpu, ggml_tensor * stage_ids, int64
     return got;
 }
 
-// a stage of n_rows rows in host_buft: the buffer, and the words and ids as the take's I32 tensor
+// a stage of n_rows rows in host_buft: the buffer, the words and ids as the take's I32 tensor, the input's F32 one
 struct stage_mem {
     ggml_context *        ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
     ggml_tensor *         ids = nullptr;
+    ggml_tensor *         cur = nullptr;
     char *                base = nullptr;
 
     bool init(ggml_backend_buffer_type_t buft, int64_t k, int64_t n_rows, int64_t n_embd) {
-        const size_t size = ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_SIZE);
+        const size_t size   = ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_SIZE);
+        const size_t at_cur = ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_CUR);
         buf = ggml_backend_buft_alloc_buffer(buft, size);
         if (!buf || !ggml_backend_buffer_is_host(buf)) {
             return false;
         }
-        ggml_init_params ip = { ggml_tensor_overhead(), nullptr, true };
+        ggml_init_params ip = { 2*ggml_tensor_overhead(), nullptr, true };
         ctx  = ggml_init(ip);
-        ids  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32,
-                (int64_t) (ggml_moe_fetch_stage_offset(k, n_rows, n_embd, GGML_MOE_FETCH_STAGE_CUR)/sizeof(int32_t)));
+        ids  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) (at_cur/sizeof(int32_t)));
+        cur  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, n_rows);
         base = (char *) ggml_backend_buffer_get_base(buf);
         memset(base, 0, size);
-        return ggml_backend_tensor_alloc(buf, ids, base) == GGML_STATUS_SUCCESS;
+        return ggml_backend_tensor_alloc(buf, ids, base) == GGML_STATUS_SUCCESS &&
+               ggml_backend_tensor_alloc(buf, cur, base + at_cur) == GGML_STATUS_SUCCESS;
     }
     volatile uint32_t * words() const { return (volatile uint32_t *) base; }
     // a one-row stage (k = 2, n_embd = 4, as the take cases below make it) holding the picks { 5, 9 } and the host
@@ -379,8 +382,6 @@ bool run_case(ggml_backend_t backend, ggml_backend_t cpu, ggml_backend_buffer_ty
         ggml_context * gctx = ggml_init(gp);
         ggml_tensor * ids_t = ggml_new_tensor_2d(gctx, GGML_TYPE_I32, k, n);
         ggml_set_input(ids_t);
-        const void * host[n_t];
-        for (int t = 0; t < n_t; ++t) host[t] = host_t[t]->data;
         // a stepped batch of a tier with a CPU share publishes (the layer's input: random floats)
         const bool publish = ratio > 0.0f && !read_only;
         ggml_tensor * cur_t = nullptr;
@@ -392,11 +393,18 @@ bool run_case(ggml_backend_t backend, ggml_backend_t cpu, ggml_backend_buffer_ty
                 x = (float) (rng() % 20001) / 1000.0f - 10.0f;
             }
         }
-        ggml_tensor * out_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, pack_t, n_t, host, (int) D, decay, !read_only,
-                                             counted, read_only ? 0.0f : ratio, cur_t, publish ? stage.base : nullptr,
-                                             (int) n_rows);
-        ggml_set_output(out_t);
+        // the rule, then (a stepped batch) the publish node before the copies, as a layer's graph orders them
+        const ggml_moe_fetch_mode mode = !read_only ? GGML_MOE_FETCH_MODE_STEP :
+                                         counted ? GGML_MOE_FETCH_MODE_COUNT : GGML_MOE_FETCH_MODE_READ;
+        ggml_tensor * fetch_t = ggml_moe_fetch(gctx, ids_t, map_t, state_t, (int) D, decay, mode,
+                                               read_only ? 0.0f : ratio);
         ggml_cgraph * gf = ggml_new_graph(gctx);
+        if (publish) {
+            ggml_build_forward_expand(gf, ggml_moe_fetch_publish(gctx, fetch_t, cur_t, stage.ids, stage.cur));
+        }
+        ggml_tensor * out_t = read_only ? fetch_t :
+            ggml_moe_fetch_copy(gctx, fetch_t, state_t, pack_t, host_t, n_t, (int) D);
+        ggml_set_output(out_t);
         ggml_build_forward_expand(gf, out_t);
         ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
         ggml_gallocr_alloc_graph(galloc, gf);

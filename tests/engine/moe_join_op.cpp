@@ -1,7 +1,7 @@
 // GGML_OP_MOE_FETCH_JOIN (moeslots patch 0010), the way llama.cpp's test-backend-ops tests an op: the join on the
 // chosen backend against a reference written here from the op's contract (ggml.h): a + the answer's share, once the
-// answer's done word equals the want word (here a word of the same pinned memory past the answer's three, as a
-// stage's done word is for the worker's joins), read in place from host memory the backend reads (the device's host
+// answer's done word equals the want word (a stage's done word, as for the worker's joins; here a one-row stage in the
+// same pinned memory past the answer), both read in place from host memory the backend reads (the device's host
 // buffer type: pinned memory for CUDA).
 //
 // Cases: shapes [n_embd, k, n] (a 30B-A3B layer's 2048 x 8 for one token and for a verify batch, small ones, and one
@@ -69,16 +69,29 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
         want[i] = answered ? a[i] + share[i] : a[i];
     }
 
-    ggml_backend_buffer_t answer_buf = ggml_backend_buft_alloc_buffer(host_buft,
-            GGML_MOE_FETCH_JOIN_HEAD + (size_t) ne*sizeof(float));
+    // the answer, then a one-row stage (k = 1) whose done word is the want word, in one buffer of host_buft
+    const size_t answer_size = GGML_MOE_FETCH_JOIN_HEAD + (size_t) ne*sizeof(float);
+    const size_t stage_at    = (answer_size + 63)/64*64;
+    const size_t stage_size  = ggml_moe_fetch_stage_offset(1, 1, 0, GGML_MOE_FETCH_STAGE_CUR);
+    ggml_backend_buffer_t answer_buf = ggml_backend_buft_alloc_buffer(host_buft, stage_at + stage_size);
     if (answer_buf == nullptr || !ggml_backend_buffer_is_host(answer_buf)) {
         why = "no host buffer for the answer";
         return false;
     }
     char     * answer = (char *) ggml_backend_buffer_get_base(answer_buf);
     uint32_t * words  = (uint32_t *) answer;
-    uint32_t * want_w = words + 8;
+    uint32_t * want_w = (uint32_t *) (answer + stage_at) + 1;
     float    * sh     = (float *) (answer + GGML_MOE_FETCH_JOIN_HEAD);
+    memset(answer + stage_at, 0, stage_size);
+    ggml_init_params hp = { 2*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * hctx = ggml_init(hp);
+    ggml_tensor * answer_t = ggml_new_tensor_1d(hctx, GGML_TYPE_I8, (int64_t) answer_size);
+    ggml_tensor * stage_t  = ggml_new_tensor_1d(hctx, GGML_TYPE_I32, (int64_t) (stage_size/sizeof(int32_t)));
+    if (ggml_backend_tensor_alloc(answer_buf, answer_t, answer) != GGML_STATUS_SUCCESS ||
+        ggml_backend_tensor_alloc(answer_buf, stage_t, answer + stage_at) != GGML_STATUS_SUCCESS) {
+        why = "no room for the answer's tensors";
+        return false;
+    }
     const uint32_t request = 40 + seed;
     memset(answer, 0, GGML_MOE_FETCH_JOIN_HEAD + (size_t) ne*sizeof(float));
     *want_w = request;
@@ -98,7 +111,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors(ctx, backend);
     ggml_backend_tensor_set(x, a.data(), 0, ne*sizeof(float));
     const int timeout_ms = when == answer_when::never ? 30 : 20000;
-    ggml_tensor * y = ggml_moe_fetch_join(ctx, x, answer, want_w, timeout_ms);
+    ggml_tensor * y = ggml_moe_fetch_join(ctx, x, answer_t, stage_t, timeout_ms);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, y);
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
@@ -148,6 +161,7 @@ bool run_case(ggml_backend_t backend, ggml_backend_buffer_type_t host_buft, int6
     ggml_gallocr_free(galloc);
     ggml_backend_buffer_free(xbuf);
     ggml_backend_buffer_free(answer_buf);
+    ggml_free(hctx);
     ggml_free(ctx);
     return why.empty();
 }

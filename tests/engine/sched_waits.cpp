@@ -1,11 +1,18 @@
-// The scheduler rule of patch 0009 (GGML_TENSOR_FLAG_WAITS) on the CPU, with a stand-in discrete device: before a
-// split that begins with a node flagged WAITS, the scheduler does not wait for the previous backend's queue when
-// that backend cannot use this split's buffers; without the flag, or where it can (an integrated device), it waits.
+// The scheduler rules of patch 0009 on the CPU, with a stand-in discrete device.
 //
-// The stand-in device ("FAKE") owns its memory (a buffer type the CPU backend does not take), computes ADD of F32
-// synchronously and logs each synchronize the scheduler asks of it. The graph: b = a + a on FAKE (a: an input, so a
-// split of its own), then c = 2 w on the CPU (w: an input on the CPU, so that split has no inputs to copy). The
-// scheduler synchronizes FAKE once at the end of every graph; a wait before c's split is one synchronize more.
+// GGML_TENSOR_FLAG_WAITS: before a split that begins with a node flagged WAITS, the scheduler does not wait for the
+// previous backend's queue when that backend cannot use this split's buffers; without the flag, or where it can (an
+// integrated device), it waits. The graph: b = a + a on FAKE (a: an input, so a split of its own), then c = 2 w on
+// the CPU (w: an input on the CPU, so that split has no inputs to copy). The scheduler synchronizes FAKE once at the
+// end of every graph; a wait before c's split is one synchronize more.
+//
+// GGML_TENSOR_FLAG_HOST_SRCS: a node flagged HOST_SRCS on FAKE reads a source in FAKE's host buffer type in place
+// (the scheduler makes no copy of it); unflagged, or with the source in other host memory (the CPU's buffer type),
+// the node reads a copy. The graph: d = x + h on FAKE, x in FAKE's memory, h a weight in host memory.
+//
+// The stand-in device ("FAKE") owns its memory (a buffer type the CPU backend does not take) and a host buffer type
+// of its own (host memory, which the CPU takes and FAKE does not), computes ADD of F32 synchronously and logs each
+// synchronize the scheduler asks of it and, for d, whether it read h itself or a copy.
 //
 // Built against the installed engine's ggml and ggml-backend-impl.h from the same sdist (the stand-in's interface):
 //   g++ -std=c++17 sched_waits.cpp -I<include> -I<dir of ggml-backend-impl.h> -L<lib> -lggml -lggml-base -lggml-cpu
@@ -25,6 +32,7 @@
 
 static std::vector<std::string> g_log;
 static bool g_integrated = false; // FAKE can use the CPU's buffers too (it then shares the CPU's memory)
+static const void * g_watch = nullptr; // h's memory: whether FAKE's d reads it in place
 
 // buffer: plain memory FAKE owns
 
@@ -48,6 +56,8 @@ static void fake_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
 }
 
 static const char * fake_buft_name(ggml_backend_buffer_type_t) { return "FAKE"; }
+static const char * fake_host_buft_name(ggml_backend_buffer_type_t) { return "FAKE_Host"; }
+static bool fake_host_buft_is_host(ggml_backend_buffer_type_t) { return true; }
 static size_t fake_buft_alignment(ggml_backend_buffer_type_t) { return 64; }
 
 static ggml_backend_buffer_t fake_buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
@@ -76,6 +86,9 @@ static ggml_status fake_graph_compute(ggml_backend_t, ggml_cgraph * gf) {
         }
         const float * x = (const float *) t->src[0]->data;
         const float * y = (const float *) t->src[1]->data;
+        if (strcmp(t->name, "d") == 0) {
+            g_log.push_back(t->src[1]->data == g_watch ? "reads-in-place" : "reads-a-copy");
+        }
         float * d = (float *) t->data;
         for (int64_t j = 0; j < ggml_nelements(t); ++j) {
             d[j] = x[j] + y[j];
@@ -86,6 +99,7 @@ static ggml_status fake_graph_compute(ggml_backend_t, ggml_cgraph * gf) {
 }
 
 static ggml_backend_buffer_type g_buft;
+static ggml_backend_buffer_type g_host_buft;
 static ggml_backend_device      g_dev;
 static ggml_backend_reg         g_reg;
 static ggml_backend             g_backend;
@@ -103,9 +117,10 @@ static void fake_dev_props(ggml_backend_dev_t, ggml_backend_dev_props * props) {
 
 static ggml_backend_t fake_dev_init(ggml_backend_dev_t, const char *) { return &g_backend; }
 static ggml_backend_buffer_type_t fake_dev_buft(ggml_backend_dev_t) { return &g_buft; }
+static ggml_backend_buffer_type_t fake_dev_host_buft(ggml_backend_dev_t) { return &g_host_buft; }
 
 static bool fake_dev_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
-    return op->op == GGML_OP_ADD && op->type == GGML_TYPE_F32;
+    return (op->op == GGML_OP_ADD && op->type == GGML_TYPE_F32) || op->op == GGML_OP_NONE; // (NONE: a leaf it holds)
 }
 
 static bool fake_dev_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) {
@@ -124,6 +139,14 @@ static void fake_init() {
     g_buft.device  = &g_dev;
     g_buft.context = nullptr;
 
+    g_host_buft.iface = {};
+    g_host_buft.iface.get_name      = fake_host_buft_name;
+    g_host_buft.iface.alloc_buffer  = fake_buft_alloc;
+    g_host_buft.iface.get_alignment = fake_buft_alignment;
+    g_host_buft.iface.is_host       = fake_host_buft_is_host;
+    g_host_buft.device  = &g_dev;
+    g_host_buft.context = nullptr;
+
     g_reg.api_version = GGML_BACKEND_API_VERSION;
     g_reg.iface = {};
     g_reg.iface.get_name         = fake_reg_name;
@@ -139,6 +162,7 @@ static void fake_init() {
     g_dev.iface.get_props       = fake_dev_props;
     g_dev.iface.init_backend    = fake_dev_init;
     g_dev.iface.get_buffer_type = fake_dev_buft;
+    g_dev.iface.get_host_buffer_type = fake_dev_host_buft;
     g_dev.iface.supports_op     = fake_dev_supports_op;
     g_dev.iface.supports_buft   = fake_dev_supports_buft;
     g_dev.reg     = &g_reg;
@@ -222,6 +246,75 @@ static bool run_case(const char * name, bool flagged, bool integrated, int want_
     return pass;
 }
 
+// one graph: d = x + h on FAKE, h a weight in FAKE's host buffer type (or the CPU's); whether d read h itself
+static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bool want_in_place) {
+    g_integrated = false;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_t backends[2] = { &g_backend, cpu };
+    ggml_backend_sched_t sched = ggml_backend_sched_new(backends, nullptr, 2, 64, false, false);
+
+    const int n = 64;
+    ggml_init_params wp = { 2*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * wctx = ggml_init(wp);
+    ggml_tensor * x = ggml_new_tensor_1d(wctx, GGML_TYPE_F32, n);
+    ggml_tensor * h = ggml_new_tensor_1d(wctx, GGML_TYPE_F32, n);
+    ggml_backend_buffer_t xbuf = ggml_backend_buft_alloc_buffer(&g_buft, 64 + n*sizeof(float));
+    ggml_backend_buffer_t hbuf = ggml_backend_buft_alloc_buffer(
+            in_fake_host ? &g_host_buft : ggml_backend_cpu_buffer_type(), 64 + n*sizeof(float));
+    ggml_backend_buffer_set_usage(hbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    bool ok = ggml_backend_tensor_alloc(xbuf, x, ggml_backend_buffer_get_base(xbuf)) == GGML_STATUS_SUCCESS &&
+              ggml_backend_tensor_alloc(hbuf, h, ggml_backend_buffer_get_base(hbuf)) == GGML_STATUS_SUCCESS;
+    std::vector<float> vx(n), vh(n), vd(n);
+    for (int i = 0; i < n; ++i) {
+        vx[i] = 0.25f*i;
+        vh[i] = 3.0f - i;
+    }
+    if (ok) {
+        ggml_backend_tensor_set(x, vx.data(), 0, n*sizeof(float));
+        ggml_backend_tensor_set(h, vh.data(), 0, n*sizeof(float));
+    }
+    g_watch = h->data;
+
+    ggml_init_params params = { 8*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * d = ggml_add(ctx, x, h);
+    ggml_set_name(d, "d");
+    ggml_set_output(d);
+    if (flagged) {
+        d->flags |= GGML_TENSOR_FLAG_HOST_SRCS;
+    }
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, d);
+    ggml_backend_sched_set_tensor_backend(sched, d, &g_backend);
+    ok = ok && ggml_backend_sched_alloc_graph(sched, gf);
+    g_log.clear();
+    ok = ok && ggml_backend_sched_graph_compute(sched, gf) == GGML_STATUS_SUCCESS;
+    bool right = ok;
+    if (ok) {
+        ggml_backend_tensor_get(d, vd.data(), 0, n*sizeof(float));
+        for (int i = 0; i < n; ++i) {
+            right = right && vd[i] == vx[i] + vh[i];
+        }
+    }
+    std::string seen;
+    bool in_place = false, read = false;
+    for (const std::string & e : g_log) {
+        seen += (seen.empty() ? "" : " ") + e;
+        in_place = in_place || e == "reads-in-place";
+        read     = read || e == "reads-in-place" || e == "reads-a-copy";
+    }
+    const bool pass = right && read && in_place == want_in_place;
+    printf("%s %s: FAKE's log: %s (want %s)%s\n", pass ? "ok" : "FAIL", name, seen.c_str(),
+           want_in_place ? "reads-in-place" : "reads-a-copy", right ? "" : "; wrong results");
+    ggml_free(ctx);
+    ggml_backend_sched_free(sched);
+    ggml_backend_buffer_free(xbuf);
+    ggml_backend_buffer_free(hbuf);
+    ggml_free(wctx);
+    ggml_backend_free(cpu);
+    return pass;
+}
+
 int main() {
     fake_init();
     int passed = 0, failed = 0;
@@ -231,6 +324,11 @@ int main() {
     (run_case("flagged, discrete", true, false, 1) ? passed : failed)++;
     // flagged but FAKE can use the CPU's buffers (its allocator may share them): it waits
     (run_case("flagged, integrated", true, true, 2) ? passed : failed)++;
+    // HOST_SRCS: a source in FAKE's host buffer type read in place only by a flagged node
+    (run_host_case("host source, unflagged", false, true, false) ? passed : failed)++;
+    (run_host_case("host source, flagged", true, true, true) ? passed : failed)++;
+    // flagged, but the source in the CPU's memory (not memory FAKE maps): a copy
+    (run_host_case("CPU source, flagged", true, false, false) ? passed : failed)++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

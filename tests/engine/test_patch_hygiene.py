@@ -1,7 +1,8 @@
 """What the patch series may not add (engine/patches/README.md, "for a reviewer upstream"): no GGML_ABORT and no
 getenv in any added line (a failure returns an error the caller reports; behaviour is set through the C API, never
-through the environment), and a patch that adds ops bumps the RPC protocol's patch version in the same patch, as
-the static_assert in ggml-rpc.h asks."""
+through the environment); no pointer turned into an integer (a node's op_params hold numbers: host memory an op
+reads is a source tensor, so the graph, RPC and serialisation see it), save for an alignment test; and a patch
+that adds ops bumps the RPC protocol's patch version in the same patch, as the static_assert in ggml-rpc.h asks."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_no_abort_and_no_environment_knob(patch: Path) -> None:
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name[:4])
+def test_no_pointer_as_a_number(patch: Path) -> None:
+    casts = [ln.strip() for ln in _added(patch) if re.search(r"\(\s*u?intptr_t\s*\)", ln)]
+    bad = [ln for ln in casts if not re.search(r"(&|%)\s*(15|16|7|8|3|4)\b", ln)]
+    assert not bad, f"{patch.name} turns a pointer into a number: {bad}"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name[:4])
 def test_new_ops_bump_the_rpc_protocol(patch: Path) -> None:
     added = _added(patch)
     ops = [ln for ln in added if re.search(r"static_assert\(GGML_OP_COUNT == \d+, \"GGML_OP_COUNT has changed", ln)]
@@ -40,6 +48,10 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     p.write_text("+++ b/f.c\n+    if (x) { GGML_ABORT(\"no\"); }\n+    const char * v = getenv (\"K\");\n")
     with pytest.raises(AssertionError, match="GGML_ABORT"):
         test_no_abort_and_no_environment_knob(p)
+    p.write_text("+++ b/ggml.c\n+    const uint64_t sp = (uint64_t) (uintptr_t) stage;\n"
+                 "+    if (((uintptr_t) x & 15) == 0) {\n")
+    with pytest.raises(AssertionError, match=r"sp = \(uint64_t\)"):
+        test_no_pointer_as_a_number(p)
     p.write_text('+++ b/ggml-rpc.h\n+static_assert(GGML_OP_COUNT == 104, "GGML_OP_COUNT has changed - update")\n')
     with pytest.raises(AssertionError, match="RPC version bumped False"):
         test_new_ops_bump_the_rpc_protocol(p)
