@@ -16,9 +16,10 @@
 #       fetchlayer, app, settle: at the build stage, after the builds (in place of the calibrations when CALS=0):
 #           scripts/h200/fetch_layer.cu (the tier's fixed GPU time a layer); scripts/open_thread_check.py on the
 #           big model at 15 threads (a first-run calibration's thread beside the replies');
-#           scripts/h200/settle.py for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share, worker,
-#           residue: at the run
-#           stage, before the harness starts, scripts/h200/handoff.cu and share_cpu.cpp at HANDOFF_THREADS (15,6),
+#           scripts/h200/settle.py for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; check, handoff, share,
+#           worker, residue: at the run stage, before the harness starts, scripts/h200/policy-check.sh (the engine's
+#           exactness on this GPU: the tier's op tests, every policy's logits), scripts/h200/handoff.cu and
+#           share_cpu.cpp at HANDOFF_THREADS (15,6),
 #           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's
 #           worker against fetch and the split graph) at THREADS, 64 and 32 slots, and
 #           tier_residue.py at 16 threads, 64 slots, RESIDUE_ROUNDS (10) rounds of static paired before and after a
@@ -81,6 +82,10 @@ else
     # stage skips what is done)
     left() { local t=$(( LIMIT - 240 - ($(date +%s) - START) )); [ $t -gt 120 ] && t=120; echo $t; }
     PATH=$PATH:/usr/local/cuda/bin
+    case ",${EXTRAS:-}," in *,check,*)
+      [ -f $B/check.done ] || [ $(left) -lt 60 ] || { timeout --foreground 200 bash scripts/h200/policy-check.sh 2>&1 \
+          | grep -E "^(PASS|FAIL)|policy-check:" | tee $B/policy-check.txt; touch $B/check.done; } ;;
+    esac
     case ",${EXTRAS:-}," in *,handoff,*)
       [ -f $B/handoff.done ] || [ $(left) -lt 20 ] || { nvcc -O2 -arch=sm_90 -o /tmp/handoff \
           $R/scripts/h200/handoff.cu && timeout --foreground $(left) /tmp/handoff ${HANDOFF_THREADS:-15,6} 48 100 2>&1 \
