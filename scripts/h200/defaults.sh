@@ -23,7 +23,7 @@
 #           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's
 #           worker against fetch and the split graph) at THREADS, 64 and 32 slots, and
 #           tier_residue.py at 16 threads, 64 slots, RESIDUE_ROUNDS (10) rounds of static paired before and after a
-#           tier; each at most 120 s, none past LIMIT - 240 s.
+#           tier; each at most 120 s (check: 200 s), started only while LIMIT - 240 s is still ahead by 20-60 s.
 set -u
 . "$(dirname "$0")/common.sh"
 STAGE=${STAGE:-build}; WAIT=${WAIT:-540}; LIMIT=${LIMIT:-540}; N=${N:-64}; REPS=${REPS:-2}
