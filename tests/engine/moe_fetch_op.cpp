@@ -1,5 +1,6 @@
-// GGML_OP_MOE_FETCH (moeslots patch 0008), the way llama.cpp's test-backend-ops tests an op: a tier stepped on the
-// chosen backend against a reference written here from the op's contract (ggml.h), step after step.
+// GGML_OP_MOE_FETCH, _COPY, _PUBLISH and _TAKE (moeslots patch 0008), the way llama.cpp's test-backend-ops tests an
+// op: a tier stepped on the chosen backend (the rule, then with a CPU share the publish, then the copies, as a
+// layer's graph orders them) against a reference written here from the ops' contracts (ggml.h), step after step.
 //
 // Every shape runs twice: every miss copied, and with a CPU share (cpu_ratio > 0: only the best-scored u of m misses
 // copied, u the fewest of those that minimise max(u, (m - u)*ratio), found here by trying every u), each stepped
