@@ -1,4 +1,4 @@
-// The tier's own fixed GPU time a layer: the kernels GGML_OP_MOE_FETCH (and the join) launch for one layer of a
+// The tier's own fixed GPU time a layer: the kernels the tier's nodes (and the join) launch for one layer of a
 // one-token decode, 48 layers captured in a CUDA graph as a decode graph is, each variant timed per layer against an
 // empty kernel a layer (the floor of a graph node). Nothing is copied: every pick is in a slot, so what is left is
 // the fixed part the tier adds to a token whatever it moves (a GPU-stepped token's own part is 20-25 µs a layer
@@ -7,8 +7,9 @@
 //   empty     one empty kernel a layer
 //   cont      a 32-byte device copy a layer (what ggml_cont of the picks becomes for one token)
 //   decide    the rule's block, every pick a hit
-//   copy      the rule, then the copy kernel with nothing to copy (as the op launches it)
-//   publish   the same with a stage in pinned memory (fetch-split: the host chain's inputs, the fences)
+//   copy      the rule, then the copy kernel with nothing to copy (as the copy node launches it)
+//   publish   the rule, the publish block into a stage in pinned memory (fetch-split: the host chain's inputs, the
+//             fences), then the copy kernel
 //   join      a join whose answer is already there (the worker's add, its reads of host memory)
 // The kernels are the engine's own (moe-fetch.cu and moe-join.cu compiled in). Before each replay 256 MiB are
 // written so the tier's state is not in L2, as in a token, where the weights stream through it.
@@ -124,10 +125,15 @@ void enqueue(variant v, const layer_state & l, int D, const moe_fetch_packs & p,
     const size_t smem = (4*(size_t) N_EXPERT + (size_t) D)*sizeof(int);
     moe_fetch_decide<<<1, MOE_FETCH_BLOCK, smem, s>>>(
         l.ids, N_USED, 1, l.map, l.score, l.resident, l.entry, l.in_tier, l.counts, l.copies, N_EXPERT, D, 0.9,
-        12288, GGML_MOE_FETCH_MODE_STEP, l.out, pub ? 0.5 : 0.0, pub ? (uint32_t *) l.stage : nullptr,
-        pub ? (int32_t *) (l.stage + 64) : nullptr, pub ? (float *) (l.stage + 128) : nullptr, 1, cur, N_EMBD);
+        GGML_MOE_FETCH_MODE_STEP, l.out, pub ? 0.5 : 0.0);
+    if (pub) {
+        // the publish node's block, before the copies (as a layer's graph orders them)
+        moe_fetch_publish<<<1, MOE_FETCH_BLOCK, 0, s>>>(l.ids, l.out, N_USED, cur, N_EMBD, (uint32_t *) l.stage,
+                                                        (int32_t *) (l.stage + 64), N_USED, (float *) (l.stage + 128));
+    }
     if (v != DECIDE) {
-        moe_fetch_copy<<<dim3(MOE_FETCH_COPY_BLOCKS, N_USED, 3), MOE_FETCH_BLOCK, 0, s>>>(l.copies, p);
+        moe_fetch_copy<<<dim3(MOE_FETCH_COPY_BLOCKS, N_USED, 3), MOE_FETCH_BLOCK, 0, s>>>(l.copies, p, l.counts,
+                                                                                         12288);
     }
 }
 
