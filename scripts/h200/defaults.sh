@@ -13,12 +13,14 @@
 #       detached; returns after LIMIT s (540) with the table so far. STAGE=collect waits for the rest.
 #   LLB=0: no llama-bench (the build stage for the extras and the scripts alone; the run stage needs it).
 #   EXTRAS (comma-separated, off by default), each run alone on the machine, its output in $OUT/defaults-*.txt:
+#       check: scripts/h200/policy-check.sh (the engine's exactness on this GPU: the tier's op tests, every policy's
+#           logits), at the build stage as soon as the engine is built, beside llama-bench's build (nothing in it is
+#           timed), else at the run stage before the harness;
 #       fetchlayer, app, settle: at the build stage, after the builds (in place of the calibrations when CALS=0):
 #           scripts/h200/fetch_layer.cu (the tier's fixed GPU time a layer); scripts/open_thread_check.py on the
 #           big model at 15 threads (a first-run calibration's thread beside the replies');
-#           scripts/h200/settle.py for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; check, handoff, share,
-#           worker, residue: at the run stage, before the harness starts, scripts/h200/policy-check.sh (the engine's
-#           exactness on this GPU: the tier's op tests, every policy's logits), scripts/h200/handoff.cu and
+#           scripts/h200/settle.py for SETTLE s (120) at CAL_THREADS (6,16 here), within WAIT; handoff, share,
+#           worker, residue: at the run stage, before the harness starts, scripts/h200/handoff.cu and
 #           share_cpu.cpp at HANDOFF_THREADS (15,6),
 #           worker: the fetch and join ops on CUDA (fetch-op.sh) and scripts/h200/worker_speed.py (patch 0010's
 #           worker against fetch and the split graph) at THREADS, 64 and 32 slots, and
@@ -41,6 +43,12 @@ if [ "$STAGE" = build ]; then
       && mv /tmp/big.part.gguf /tmp/big.gguf ); tail -2 $B/synth-big.txt; }
   while [ $(( $(date +%s) - START )) -lt "$WAIT" ] && ! grep -q "build rc" $B/build.txt 2>/dev/null; do sleep 5; done
   echo "== $(date +%T) after $(( $(date +%s) - START )) s:"; tail -2 $B/build.txt 2>/dev/null
+  # the engine's exactness on this GPU while llama-bench still builds (correctness only: nothing here is timed)
+  case ",${EXTRAS:-}," in *,check,*)
+    [ -f /tmp/site/.moeslots-cuda ] && [ ! -f $B/check.done ] && { timeout --foreground 200 bash \
+        scripts/h200/policy-check.sh 2>&1 | grep -E "^(PASS|FAIL)|policy-check:" | tee $B/policy-check.txt; \
+        touch $B/check.done; } ;;
+  esac
   # (a calibration beside the compiler measures the compiler: llama-bench's build ends first)
   while [ "${LLB:-1}" != 0 ] && [ $(( $(date +%s) - START )) -lt "$WAIT" ] && [ ! -x $L/build/bin/llama-bench ] \
         && ! grep -q "llb rc" $B/llb-build.txt 2>/dev/null; do sleep 5; done
