@@ -7,8 +7,8 @@
 // end of every graph; a wait before c's split is one synchronize more.
 //
 // GGML_TENSOR_FLAG_HOST_SRCS: a node flagged HOST_SRCS on FAKE reads a source in FAKE's host buffer type in place
-// (the scheduler makes no copy of it); unflagged, or with the source in other host memory (the CPU's buffer type),
-// the node reads a copy. The graph: d = x + h on FAKE, x in FAKE's memory, h a weight in host memory.
+// (the scheduler makes no copy of it); unflagged, or with the source in other host memory (the CPU's buffer type), or
+// in a compute buffer of FAKE's host type (which the scheduler reuses), the node reads a copy. The graph: d = x + h on FAKE, x in FAKE's memory, h a weight in host memory.
 //
 // The stand-in device ("FAKE") owns its memory (a buffer type the CPU backend does not take) and a host buffer type
 // of its own (host memory, which the CPU takes and FAKE does not), computes ADD of F32 synchronously and logs each
@@ -247,7 +247,8 @@ static bool run_case(const char * name, bool flagged, bool integrated, int want_
 }
 
 // one graph: d = x + h on FAKE, h a weight in FAKE's host buffer type (or the CPU's); whether d read h itself
-static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bool want_in_place) {
+static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bool want_in_place,
+                          ggml_backend_buffer_usage usage = GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
     g_integrated = false;
     ggml_backend_t cpu = ggml_backend_cpu_init();
     ggml_backend_t backends[2] = { &g_backend, cpu };
@@ -261,7 +262,7 @@ static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bo
     ggml_backend_buffer_t xbuf = ggml_backend_buft_alloc_buffer(&g_buft, 64 + n*sizeof(float));
     ggml_backend_buffer_t hbuf = ggml_backend_buft_alloc_buffer(
             in_fake_host ? &g_host_buft : ggml_backend_cpu_buffer_type(), 64 + n*sizeof(float));
-    ggml_backend_buffer_set_usage(hbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_buffer_set_usage(hbuf, usage);
     bool ok = ggml_backend_tensor_alloc(xbuf, x, ggml_backend_buffer_get_base(xbuf)) == GGML_STATUS_SUCCESS &&
               ggml_backend_tensor_alloc(hbuf, h, ggml_backend_buffer_get_base(hbuf)) == GGML_STATUS_SUCCESS;
     std::vector<float> vx(n), vh(n), vd(n);
@@ -329,6 +330,9 @@ int main() {
     (run_host_case("host source, flagged", true, true, true) ? passed : failed)++;
     // flagged, but the source in the CPU's memory (not memory FAKE maps): a copy
     (run_host_case("CPU source, flagged", true, false, false) ? passed : failed)++;
+    // flagged, the source in FAKE's host buffer type but in compute memory (reused from split to split): a copy
+    (run_host_case("host compute source, flagged", true, true, false, GGML_BACKEND_BUFFER_USAGE_COMPUTE) ? passed
+                                                                                                       : failed)++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

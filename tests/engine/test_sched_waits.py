@@ -2,8 +2,8 @@
 CPU backend, a split that begins with a node flagged GGML_TENSOR_FLAG_WAITS does not wait for the device's queue;
 an unflagged one does, and so does a flagged one where the device can use the CPU's buffers. A node flagged
 GGML_TENSOR_FLAG_HOST_SRCS on the device reads a source in the device's host buffer type in place; unflagged, or
-with the source in the CPU's own buffer type, it reads the scheduler's copy. On the GPU the rules run under the
-fetch-split tier (scripts/h200/policy-check.sh). The stand-in is written against
+with the source in the CPU's own buffer type or in compute memory, it reads the scheduler's copy. On the GPU the
+rules run under the fetch-split tier (scripts/h200/policy-check.sh). The stand-in is written against
 ggml-backend-impl.h, which the engine does not install: it comes from the sdist the engine was built from (the
 series does not patch it)."""
 
@@ -35,9 +35,10 @@ def test_a_waiting_node_starts_while_a_discrete_device_runs(tmp_path: Path) -> N
         header.write_bytes(f.read())
     exe = build_op_test(tmp_path, SOURCE, "sched_waits", includes=[header.parent])
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "6 passed, 0 failed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+    assert p.returncode == 0 and "7 passed, 0 failed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
     # the three cases as the rule says: unflagged waits, flagged on a discrete device does not, integrated does
     assert "ok flagged, discrete: 2 splits" in p.stdout and "(synchronizes after its compute: 1, want 1)" in p.stdout
     # and a flagged node reads its host source in place, the others a copy
     assert "ok host source, flagged: FAKE's log: reads-in-place" in p.stdout
     assert "ok host source, unflagged" in p.stdout and "ok CPU source, flagged" in p.stdout
+    assert "ok host compute source, flagged: FAKE's log: sync sync reads-a-copy" in p.stdout
