@@ -131,21 +131,38 @@ static const char * fake_reg_name(ggml_backend_reg_t) { return "FAKE"; }
 static size_t fake_reg_count(ggml_backend_reg_t) { return 1; }
 static ggml_backend_dev_t fake_reg_device(ggml_backend_reg_t, size_t) { return &g_dev; }
 
-static void fake_init() {
-    g_buft.iface = {};
-    g_buft.iface.get_name      = fake_buft_name;
-    g_buft.iface.alloc_buffer  = fake_buft_alloc;
-    g_buft.iface.get_alignment = fake_buft_alignment;
-    g_buft.device  = &g_dev;
-    g_buft.context = nullptr;
+// one of FAKE's buffer types: plain memory, its name, host memory where is_host says so
+static void fake_buft_init(ggml_backend_buffer_type & buft, const char * (*name)(ggml_backend_buffer_type_t),
+                           bool (*is_host)(ggml_backend_buffer_type_t)) {
+    buft.iface = {};
+    buft.iface.get_name      = name;
+    buft.iface.alloc_buffer  = fake_buft_alloc;
+    buft.iface.get_alignment = fake_buft_alignment;
+    buft.iface.is_host       = is_host;
+    buft.device  = &g_dev;
+    buft.context = nullptr;
+}
 
-    g_host_buft.iface = {};
-    g_host_buft.iface.get_name      = fake_host_buft_name;
-    g_host_buft.iface.alloc_buffer  = fake_buft_alloc;
-    g_host_buft.iface.get_alignment = fake_buft_alignment;
-    g_host_buft.iface.is_host       = fake_host_buft_is_host;
-    g_host_buft.device  = &g_dev;
-    g_host_buft.context = nullptr;
+// FAKE first, then the CPU, in one scheduler (FAKE's integration with the CPU's memory as the case says)
+struct fake_and_cpu {
+    ggml_backend_t       cpu;
+    ggml_backend_sched_t sched;
+
+    explicit fake_and_cpu(bool integrated) {
+        g_integrated = integrated;
+        cpu = ggml_backend_cpu_init();
+        ggml_backend_t backends[2] = { &g_backend, cpu };
+        sched = ggml_backend_sched_new(backends, nullptr, 2, 64, false, false);
+    }
+    ~fake_and_cpu() {
+        ggml_backend_sched_free(sched);
+        ggml_backend_free(cpu);
+    }
+};
+
+static void fake_init() {
+    fake_buft_init(g_buft, fake_buft_name, nullptr);
+    fake_buft_init(g_host_buft, fake_host_buft_name, fake_host_buft_is_host);
 
     g_reg.api_version = GGML_BACKEND_API_VERSION;
     g_reg.iface = {};
@@ -181,10 +198,9 @@ static void fake_init() {
 
 // one graph: the synchronizes of FAKE after its compute, and whether both results are right
 static bool run_case(const char * name, bool flagged, bool integrated, int want_syncs_after) {
-    g_integrated = integrated;
-    ggml_backend_t cpu = ggml_backend_cpu_init();
-    ggml_backend_t backends[2] = { &g_backend, cpu };
-    ggml_backend_sched_t sched = ggml_backend_sched_new(backends, nullptr, 2, 64, false, false);
+    fake_and_cpu both(integrated);
+    ggml_backend_t       cpu   = both.cpu;
+    ggml_backend_sched_t sched = both.sched;
 
     const int n = 64;
     ggml_init_params params = { 16*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
@@ -241,18 +257,14 @@ static bool run_case(const char * name, bool flagged, bool integrated, int want_
     printf("%s %s: %d splits, FAKE's log: %s (synchronizes after its compute: %d, want %d)%s\n", pass ? "ok" : "FAIL",
            name, splits, seen.c_str(), syncs_after, want_syncs_after, right ? "" : "; wrong results");
     ggml_free(ctx);
-    ggml_backend_sched_free(sched);
-    ggml_backend_free(cpu);
     return pass;
 }
 
 // one graph: d = x + h on FAKE, h a weight in FAKE's host buffer type (or the CPU's); whether d read h itself
 static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bool want_in_place,
                           ggml_backend_buffer_usage usage = GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
-    g_integrated = false;
-    ggml_backend_t cpu = ggml_backend_cpu_init();
-    ggml_backend_t backends[2] = { &g_backend, cpu };
-    ggml_backend_sched_t sched = ggml_backend_sched_new(backends, nullptr, 2, 64, false, false);
+    fake_and_cpu both(false);
+    ggml_backend_sched_t sched = both.sched;
 
     const int n = 64;
     ggml_init_params wp = { 2*ggml_tensor_overhead(), nullptr, true };
@@ -308,11 +320,9 @@ static bool run_host_case(const char * name, bool flagged, bool in_fake_host, bo
     printf("%s %s: FAKE's log: %s (want %s)%s\n", pass ? "ok" : "FAIL", name, seen.c_str(),
            want_in_place ? "reads-in-place" : "reads-a-copy", right ? "" : "; wrong results");
     ggml_free(ctx);
-    ggml_backend_sched_free(sched);
     ggml_backend_buffer_free(xbuf);
     ggml_backend_buffer_free(hbuf);
     ggml_free(wctx);
-    ggml_backend_free(cpu);
     return pass;
 }
 
